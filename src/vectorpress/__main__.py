@@ -1,0 +1,3 @@
+from vectorpress.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Wire dialects: thin adapters from a wire format to `Infer` and back."""

@@ -1,0 +1,41 @@
+"""The HTTP application: routers, error handlers, guards and CORS around one AppState."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
+
+from vectorpress import __version__
+from vectorpress.api.errors import install_error_handlers
+from vectorpress.api.guards import GuardMiddleware
+from vectorpress.api.native.routes import health_router, router
+from vectorpress.api.state import AppState
+
+
+def create_app(state: AppState) -> FastAPI:
+    app = FastAPI(
+        title="vectorpress",
+        summary="Text embeddings, sparse embeddings, reranking and classification; "
+        "compatible with text-embeddings-inference",
+        version=__version__,
+        docs_url="/docs",
+        openapi_url="/api-doc/openapi.json",
+        redoc_url=None,
+    )
+    app.state.vp = state
+    install_error_handlers(app)
+    app.include_router(router)
+    app.include_router(health_router)
+    settings = state.settings
+    # Middleware added last runs first: CORS answers preflights before the key is checked.
+    app.add_middleware(
+        GuardMiddleware, payload_limit=settings.payload_limit, api_key=settings.api_key
+    )
+    origins = list(settings.cors_allow_origin or ["*"])
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=["*"] if "*" in origins else origins,
+        allow_methods=["GET", "POST"],
+        allow_headers=["content-type", "authorization"],
+    )
+    return app

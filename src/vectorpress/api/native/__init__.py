@@ -1,0 +1,1 @@
+"""TEI's own HTTP routes."""

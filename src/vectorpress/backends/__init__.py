@@ -1,0 +1,1 @@
+"""Backends turn a packed Batch into vectors or scores."""

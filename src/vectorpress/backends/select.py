@@ -1,0 +1,50 @@
+"""Pick the backend for a model and the hardware, in one documented order, and say why.
+
+Order: an explicit `--backend` wins; otherwise the native torch backend when the model's
+`model_type` is in the registry, else the transformers fallback.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from vectorpress.backends.base import Backend
+from vectorpress.errors import StartupError
+from vectorpress.model_spec import ModelSpec
+from vectorpress.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def select_backend(spec: ModelSpec, settings: Settings) -> Backend:
+    from vectorpress.backends.torch.backend import TorchBackend, pick_device
+    from vectorpress.backends.torch.registry import lookup
+
+    device = pick_device(settings.device)
+    choice = settings.backend
+    if choice == "auto":
+        if lookup(spec.model_type) is not None:
+            choice, why = "torch", f"model_type {spec.model_type!r} has a native packed model"
+        else:
+            choice, why = "hf", f"model_type {spec.model_type!r} has no native model"
+    else:
+        why = "--backend asked for it"
+    log.info("backend %s serves %s: %s", choice, spec.architecture, why)
+    if choice == "torch":
+        return TorchBackend(spec, device=device, dtype=settings.dtype)
+    if choice == "hf":
+        try:
+            from vectorpress.backends.hf.backend import HFBackend  # type: ignore[import-not-found]
+        except ImportError:
+            raise StartupError(
+                f"model_type {spec.model_type!r} is not supported yet (no native model and "
+                f"no transformers fallback)"
+            ) from None
+        return HFBackend(spec, device=device, dtype=settings.dtype)  # type: ignore[no-any-return]
+    if choice == "onnx":
+        try:
+            from vectorpress.backends.onnx.backend import OnnxBackend  # type: ignore[import-not-found]
+        except ImportError:
+            raise StartupError("the onnx backend is not available in this build") from None
+        return OnnxBackend(spec, settings)  # type: ignore[no-any-return]
+    raise StartupError(f"unknown backend {choice}")

@@ -1,0 +1,1 @@
+"""The native torch backend: packed sequences, one model file per architecture."""

@@ -1,0 +1,148 @@
+"""Attention over packed sequences.
+
+Queries, keys and values arrive flat, `(total_tokens, heads, head_dim)`, with sequence bounds in
+`cu_seqlens`. On the CPU, sequences of equal length are gathered into one
+`scaled_dot_product_attention` call each: no padding, few calls. `reference_attention` runs one
+call per sequence and is the path every fast path is tested against.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class LengthGroup:
+    length: int
+    count: int
+    index: torch.Tensor | None
+    """Token positions of the group's sequences, concatenated; None for a single sequence."""
+    start: int
+    """Start of the sequence when the group holds one."""
+
+
+class PackedSequences:
+    """Sequence bounds of one batch, with the length groups computed once for every layer."""
+
+    def __init__(self, cu_seqlens: torch.Tensor, max_seqlen: int) -> None:
+        self.cu_seqlens = cu_seqlens
+        self.max_seqlen = max_seqlen
+        bounds = cu_seqlens.tolist()
+        self.starts = bounds[:-1]
+        self.lengths = [b - a for a, b in itertools.pairwise(bounds)]
+        self.total = bounds[-1]
+        by_length: dict[int, list[int]] = defaultdict(list)
+        for start, length in zip(self.starts, self.lengths, strict=False):
+            by_length[length].append(start)
+        device = cu_seqlens.device
+        groups = []
+        for length, starts in by_length.items():
+            if len(starts) == 1:
+                groups.append(LengthGroup(length, 1, None, starts[0]))
+            else:
+                base = torch.tensor(starts, device=device).unsqueeze(1)
+                index = (base + torch.arange(length, device=device)).reshape(-1)
+                groups.append(LengthGroup(length, len(starts), index, -1))
+        self.groups = groups
+
+    @property
+    def size(self) -> int:
+        return len(self.lengths)
+
+    def segment_ids(self) -> torch.Tensor:
+        """(total_tokens,) index of the sequence each token belongs to."""
+        lengths = torch.tensor(self.lengths, device=self.cu_seqlens.device)
+        return torch.repeat_interleave(torch.arange(self.size, device=lengths.device), lengths)
+
+
+def _mask(
+    length: int, causal: bool, window: int | None, device: torch.device
+) -> torch.Tensor | None:
+    if window is None:
+        return None
+    pos = torch.arange(length, device=device)
+    dist = pos.unsqueeze(0) - pos.unsqueeze(1)
+    mask = dist.abs() <= window // 2
+    if causal:
+        mask &= dist <= 0
+    return mask
+
+
+def packed_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seqs: PackedSequences,
+    *,
+    causal: bool = False,
+    window: int | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Attention within each sequence; q, k, v and the result are (total_tokens, heads, dim).
+
+    k and v may have fewer heads than q (grouped-query attention); `window` is a symmetric
+    local window (ModernBERT's) measured in tokens, half on each side.
+    """
+    n_heads, kv_heads = q.shape[1], k.shape[1]
+    gqa = n_heads != kv_heads
+    out = torch.empty_like(q)
+    for group in seqs.groups:
+        L, n = group.length, group.count
+        if group.index is None:
+            s = group.start
+            qg, kg, vg = q[s : s + L], k[s : s + L], v[s : s + L]
+        else:
+            qg, kg, vg = q[group.index], k[group.index], v[group.index]
+        # (n, heads, L, dim)
+        qg = qg.reshape(n, L, n_heads, -1).transpose(1, 2)
+        kg = kg.reshape(n, L, kv_heads, -1).transpose(1, 2)
+        vg = vg.reshape(n, L, kv_heads, -1).transpose(1, 2)
+        mask = _mask(L, causal, window, q.device)
+        o = F.scaled_dot_product_attention(
+            qg,
+            kg,
+            vg,
+            attn_mask=mask,
+            is_causal=causal and mask is None,
+            scale=scale,
+            enable_gqa=gqa,
+        )
+        o = o.transpose(1, 2).reshape(n * L, n_heads, -1)
+        if group.index is None:
+            out[group.start : group.start + L] = o
+        else:
+            out[group.index] = o
+    return out
+
+
+def reference_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seqs: PackedSequences,
+    *,
+    causal: bool = False,
+    window: int | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """One explicit softmax(QK^T)V per sequence, in float32; the slow path tests trust."""
+    n_heads, kv_heads = q.shape[1], k.shape[1]
+    rep = n_heads // kv_heads
+    out = torch.empty_like(q)
+    for s, L in zip(seqs.starts, seqs.lengths, strict=False):
+        qs = q[s : s + L].float().transpose(0, 1)
+        ks = k[s : s + L].float().transpose(0, 1).repeat_interleave(rep, 0)
+        vs = v[s : s + L].float().transpose(0, 1).repeat_interleave(rep, 0)
+        scores = qs @ ks.transpose(1, 2) * (scale if scale is not None else qs.shape[-1] ** -0.5)
+        mask = _mask(L, causal, window, q.device)
+        if mask is None and causal:
+            mask = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        out[s : s + L] = (scores.softmax(-1) @ vs).transpose(0, 1).to(q.dtype)
+    return out

@@ -1,0 +1,153 @@
+"""TorchBackend: native model files on packed batches, with pooling and heads written once."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import numpy as np
+import torch
+from torch import nn
+
+from vectorpress.backends.torch.attention import PackedSequences
+from vectorpress.backends.torch.heads import ClassificationHead, MLMHead, load_dense
+from vectorpress.backends.torch.loader import load_state_dict, remap, strict_load
+from vectorpress.backends.torch.pooling import pool, splade_pool
+from vectorpress.backends.torch.registry import Architecture, lookup
+from vectorpress.errors import StartupError
+from vectorpress.model_spec import ModelSpec
+from vectorpress.types import Batch, BatchOutput
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class ServedModel(nn.Module):
+    """The encoder plus the head the served task needs (none for dense embeddings)."""
+
+    def __init__(self, encoder: nn.Module, head: nn.Module | None) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.head = head
+
+
+def build_model(spec: ModelSpec, arch: Architecture) -> ServedModel:
+    """Build the module tree for `spec` and load its checkpoint strictly."""
+    cfg = spec.config
+    hidden = cfg["hidden_size"]
+    head: nn.Module | None = None
+    head_rules = None
+    if spec.kind in ("classifier", "reranker"):
+        if arch.classifier is None:
+            raise StartupError(f"{spec.architecture} has no classification head in vectorpress")
+        head_rules = arch.classifier
+        head = ClassificationHead(hidden, spec.num_labels, head_rules.activation, head_rules.dense)
+    elif spec.is_splade:
+        if arch.mlm is None:
+            raise StartupError(f"{spec.architecture} has no masked-LM head for SPLADE")
+        head_rules = arch.mlm
+        head = MLMHead(
+            hidden,
+            cfg["vocab_size"],
+            cfg.get("hidden_act", "gelu"),
+            cfg.get("layer_norm_eps", 1e-12),
+        )
+    model = ServedModel(arch.build_encoder(cfg), head)
+
+    state = load_state_dict(spec.path)
+    strip = tuple((f"^{re.escape(p)}", "") for p in arch.base_prefixes)
+    state = remap(state, strip)
+    rules = list(head_rules.rules if head_rules else ())
+    rules += [(pattern, None) for pattern in arch.ignore]
+    state = remap(state, rules, default_prefix="encoder.")
+    strict_load(
+        model,
+        state,
+        what=f"{spec.architecture} from {spec.path}",
+        tied=dict(head_rules.tied) if head_rules else None,
+    )
+    return model
+
+
+def pick_device(requested: str) -> str:
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise StartupError("--device cuda was asked for but no CUDA device is available")
+    return requested
+
+
+class TorchBackend:
+    """Runs the native model on the flat tensor of a batch's real tokens."""
+
+    name = "torch"
+    is_padded = False
+    max_batch_size: int | None = None
+
+    def __init__(self, spec: ModelSpec, device: str = "cpu", dtype: str | None = None) -> None:
+        arch = lookup(spec.model_type)
+        if arch is None:
+            raise StartupError(f"model_type {spec.model_type!r} has no native implementation")
+        self.spec = spec
+        self.device = device
+        self.dtype = dtype or ("float32" if device == "cpu" else "float16")
+        torch_dtype = _DTYPES[self.dtype]
+        model = build_model(spec, arch)
+        model.eval().to(device=device, dtype=torch_dtype)
+        fuse = getattr(model.encoder, "fuse", None)
+        if fuse is not None:
+            fuse()
+        self.model = model
+        self.dense = [
+            load_dense(d).eval().to(device=device, dtype=torch.float32) for d in spec.dense
+        ]
+        self._torch_dtype = torch_dtype
+
+    def _encode(self, batch: Batch) -> tuple[torch.Tensor, PackedSequences]:
+        dev = self.device
+        seqs = PackedSequences(torch.from_numpy(batch.cu_seqlens).to(dev), batch.max_seqlen)
+        hidden = self.model.encoder(
+            torch.from_numpy(batch.input_ids).to(dev),
+            torch.from_numpy(batch.token_type_ids).to(dev),
+            torch.from_numpy(batch.position_ids).to(dev),
+            seqs,
+        )
+        return hidden, seqs
+
+    @torch.inference_mode()
+    def embed(self, batch: Batch) -> BatchOutput:
+        hidden, seqs = self._encode(batch)
+        pooled: np.ndarray | None = None
+        which = list(batch.pooled_indices)
+        if which:
+            if self.spec.is_splade:
+                assert self.model.head is not None
+                vectors = splade_pool(self.model.head, hidden, seqs, which)
+            else:
+                assert self.spec.pooling is not None
+                vectors = pool(hidden, seqs, self.spec.pooling, which).float()
+                for dense in self.dense:
+                    vectors = dense(vectors)
+            pooled = vectors.float().cpu().numpy()
+        raw = [
+            hidden[seqs.starts[i] : seqs.starts[i] + seqs.lengths[i]].float().cpu().numpy()
+            for i in batch.raw_indices
+        ]
+        return BatchOutput(pooled, raw)
+
+    @torch.inference_mode()
+    def predict(self, batch: Batch) -> BatchOutput:
+        hidden, seqs = self._encode(batch)
+        assert self.model.head is not None
+        pooled = pool(hidden, seqs, self.classifier_pooling, list(batch.pooled_indices))
+        logits = self.model.head(pooled)
+        return BatchOutput(logits.float().cpu().numpy(), [])
+
+    @property
+    def classifier_pooling(self) -> str:
+        # Most heads read the first token; ModernBERT's config may ask for mean.
+        return str(self.spec.config.get("classifier_pooling", "cls"))
+
+    def health(self) -> None:
+        return None

@@ -1,0 +1,77 @@
+"""What comes after the encoder: Dense projections, classification heads, the MLM head.
+
+Attribute names are the module's own; each architecture's remap table in the registry says
+which checkpoint keys land here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from vectorpress.backends.torch.layers import Activation, activation
+from vectorpress.errors import StartupError
+from vectorpress.model_spec import DenseSpec
+
+
+class ClassificationHead(nn.Module):
+    """dense -> activation -> out_proj on the pooled token.
+
+    BERT's pooler + classifier, RoBERTa's classifier.dense + out_proj and DistilBERT's
+    pre_classifier + classifier all have this shape; they differ in the activation.
+    """
+
+    def __init__(self, hidden: int, num_labels: int, act: str = "tanh", dense: bool = True) -> None:
+        super().__init__()
+        self.dense = nn.Linear(hidden, hidden) if dense else None
+        self.act: Activation = activation(act)
+        self.out_proj = nn.Linear(hidden, num_labels)
+
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
+        x = pooled
+        if self.dense is not None:
+            x = self.act(self.dense(x))
+        return self.out_proj(x)
+
+
+class MLMHead(nn.Module):
+    """dense -> activation -> LayerNorm -> decoder to the vocabulary, plus a bias."""
+
+    def __init__(self, hidden: int, vocab: int, act: str, eps: float) -> None:
+        super().__init__()
+        self.dense = nn.Linear(hidden, hidden)
+        self.act = activation(act)
+        self.layer_norm = nn.LayerNorm(hidden, eps=eps)
+        self.decoder = nn.Linear(hidden, vocab, bias=False)
+        self.bias = nn.Parameter(torch.zeros(vocab))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        x = self.layer_norm(self.act(self.dense(hidden)))
+        return self.decoder(x) + self.bias
+
+
+class Dense(nn.Module):
+    """A sentence-transformers Dense module: linear then activation."""
+
+    def __init__(self, spec: DenseSpec) -> None:
+        super().__init__()
+        self.linear = nn.Linear(spec.in_features, spec.out_features, bias=spec.bias)
+        self.act = activation(spec.activation) if spec.activation != "sigmoid" else torch.sigmoid
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.linear(x))
+
+
+def load_dense(spec: DenseSpec) -> Dense:
+    from vectorpress.backends.torch.loader import load_state_dict, strict_load
+
+    module = Dense(spec)
+    path = Path(spec.path)
+    state = load_state_dict(path)
+    state = {k.removeprefix("0."): v for k, v in state.items()}
+    if not state:
+        raise StartupError(f"Dense module {path} has no weights")
+    strict_load(module, state, what=f"Dense module {path.name}")
+    return module

@@ -1,0 +1,1 @@
+"""One file per architecture, named after the checkpoint's `model_type`."""

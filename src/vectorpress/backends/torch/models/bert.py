@@ -1,0 +1,140 @@
+"""BERT, and the RoBERTa family (RoBERTa, XLM-RoBERTa, CamemBERT) that shares its layout.
+
+Post-LayerNorm encoder with learned absolute positions and token-type embeddings. What differs
+for the RoBERTa family lives outside this file: position ids start after the padding index
+(the tokenizer pool adds the offset) and type_vocab_size is 1.
+
+Every linear layer runs on the flat `(total_tokens, hidden)` tensor of the batch's real tokens;
+only attention sees sequence bounds. Attribute names follow the Hugging Face state dict.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from vectorpress.backends.torch.attention import PackedSequences, packed_attention
+from vectorpress.backends.torch.layers import activation
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        hidden = cfg["hidden_size"]
+        self.word_embeddings = nn.Embedding(cfg["vocab_size"], hidden)
+        self.position_embeddings = nn.Embedding(cfg["max_position_embeddings"], hidden)
+        self.token_type_embeddings = nn.Embedding(cfg.get("type_vocab_size", 2), hidden)
+        self.LayerNorm = nn.LayerNorm(hidden, eps=cfg.get("layer_norm_eps", 1e-12))
+
+    def forward(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, position_ids: torch.Tensor
+    ) -> torch.Tensor:
+        if self.token_type_embeddings.num_embeddings == 1:
+            token_type_ids = torch.zeros_like(token_type_ids)
+        x = (
+            self.word_embeddings(input_ids)
+            + self.token_type_embeddings(token_type_ids)
+            + self.position_embeddings(position_ids)
+        )
+        return self.LayerNorm(x)
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.query = nn.Linear(hidden, hidden)
+        self.key = nn.Linear(hidden, hidden)
+        self.value = nn.Linear(hidden, hidden)
+
+
+class BertSelfOutput(nn.Module):
+    def __init__(self, hidden: int, eps: float) -> None:
+        super().__init__()
+        self.dense = nn.Linear(hidden, hidden)
+        self.LayerNorm = nn.LayerNorm(hidden, eps=eps)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, hidden: int, eps: float) -> None:
+        super().__init__()
+        self.self = BertSelfAttention(hidden)
+        self.output = BertSelfOutput(hidden, eps)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.dense = nn.Linear(hidden, intermediate)
+
+
+class BertOutput(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, eps: float) -> None:
+        super().__init__()
+        self.dense = nn.Linear(intermediate, hidden)
+        self.LayerNorm = nn.LayerNorm(hidden, eps=eps)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        hidden, eps = cfg["hidden_size"], cfg.get("layer_norm_eps", 1e-12)
+        self.heads = cfg["num_attention_heads"]
+        self.attention = BertAttention(hidden, eps)
+        self.intermediate = BertIntermediate(hidden, cfg["intermediate_size"])
+        self.output = BertOutput(hidden, cfg["intermediate_size"], eps)
+        self.act = activation(cfg.get("hidden_act", "gelu"))
+        self.register_buffer("qkv_weight", torch.empty(0), persistent=False)
+        self.register_buffer("qkv_bias", torch.empty(0), persistent=False)
+
+    def fuse(self) -> None:
+        """One (3 * hidden, hidden) projection instead of three: one GEMM per layer."""
+        sa = self.attention.self
+        self.qkv_weight = torch.cat([sa.query.weight, sa.key.weight, sa.value.weight]).detach()
+        self.qkv_bias = torch.cat([sa.query.bias, sa.key.bias, sa.value.bias]).detach()
+
+    def forward(self, x: torch.Tensor, seqs: PackedSequences) -> torch.Tensor:
+        total, hidden = x.shape
+        if self.qkv_weight.numel():
+            qkv = nn.functional.linear(x, self.qkv_weight, self.qkv_bias)
+        else:
+            sa = self.attention.self
+            qkv = torch.cat([sa.query(x), sa.key(x), sa.value(x)], dim=-1)
+        q, k, v = qkv.view(total, 3, self.heads, hidden // self.heads).unbind(1)
+        ctx = packed_attention(q, k, v, seqs).reshape(total, hidden)
+        out = self.attention.output
+        x = out.LayerNorm(out.dense(ctx) + x)
+        h = self.act(self.intermediate.dense(x))
+        return self.output.LayerNorm(self.output.dense(h) + x)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg["num_hidden_layers"]))
+
+
+class BertModel(nn.Module):
+    """Returns the last hidden state of every real token, `(total_tokens, hidden)`."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        self.embeddings = BertEmbeddings(cfg)
+        self.encoder = BertEncoder(cfg)
+
+    def fuse(self) -> None:
+        for layer in self.encoder.layer:
+            layer.fuse()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        seqs: PackedSequences,
+    ) -> torch.Tensor:
+        x = self.embeddings(input_ids, token_type_ids, position_ids)
+        for layer in self.encoder.layer:
+            x = layer(x, seqs)
+        return x

@@ -1,0 +1,226 @@
+"""Command line: TEI's flags, each also read from TEI's environment variable."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from vectorpress import __version__
+from vectorpress.errors import StartupError
+from vectorpress.settings import Settings, default_tokenization_workers
+
+log = logging.getLogger("vectorpress")
+
+#: Flags that are parsed for compatibility but do nothing yet; start-up warns when one is set.
+NOT_YET_HONOURED = ("json_output", "disable_spans", "otlp_endpoint", "prometheus_port")
+
+#: The name the bundled default model goes by, as on the Hub.
+BUNDLED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _bool(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+
+
+def _int(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
+
+
+def _pooling(value: str) -> str:
+    return value.replace("-", "_")
+
+
+# (flag, env var, type, default, help); type None = string, bool flags take an optional value.
+_FLAGS: list[tuple[str, str, Callable[[str], Any] | type[bool] | None, Any, str]] = [
+    (
+        "--model-id",
+        "MODEL_ID",
+        None,
+        None,
+        "Hub repo id or local folder (default: the bundled all-MiniLM-L6-v2 when installed)",
+    ),
+    ("--revision", "REVISION", None, None, "Hub branch, tag or commit"),
+    (
+        "--tokenization-workers",
+        "TOKENIZATION_WORKERS",
+        _int,
+        None,
+        "Tokenizer threads (default: cores - 1, at least 1)",
+    ),
+    ("--dtype", "DTYPE", None, None, "float32, float16 or bfloat16"),
+    ("--served-model-name", "SERVED_MODEL_NAME", None, None, "Name reported to clients"),
+    ("--pooling", "POOLING", _pooling, None, "cls, mean, splade or last-token"),
+    (
+        "--max-concurrent-requests",
+        "MAX_CONCURRENT_REQUESTS",
+        _int,
+        512,
+        "Admission permits, one per input",
+    ),
+    ("--max-batch-tokens", "MAX_BATCH_TOKENS", _int, 16384, "Token budget of one batch"),
+    ("--max-batch-requests", "MAX_BATCH_REQUESTS", _int, None, "Most inputs in one batch"),
+    ("--max-client-batch-size", "MAX_CLIENT_BATCH_SIZE", _int, 32, "Most inputs in one request"),
+    (
+        "--auto-truncate",
+        "AUTO_TRUNCATE",
+        bool,
+        True,
+        "Truncate inputs over the limit when the request does not say",
+    ),
+    (
+        "--default-prompt-name",
+        "DEFAULT_PROMPT_NAME",
+        None,
+        None,
+        "Prompt of config_sentence_transformers.json applied by default",
+    ),
+    ("--default-prompt", "DEFAULT_PROMPT", None, None, "Prompt text applied by default"),
+    ("--dense-path", "DENSE_PATH", None, None, "Dense module folder to use"),
+    ("--hf-token", "HF_TOKEN", None, None, "Hub token"),
+    ("--hostname", "HOSTNAME", None, "0.0.0.0", "Address to bind"),
+    ("--port", "PORT", _int, 8080, "HTTP port"),
+    ("--huggingface-hub-cache", "HUGGINGFACE_HUB_CACHE", None, None, "Download cache folder"),
+    ("--payload-limit", "PAYLOAD_LIMIT", _int, 2_000_000, "Largest request body in bytes"),
+    ("--api-key", "API_KEY", None, None, "Bearer key for protected routes"),
+    ("--json-output", "JSON_OUTPUT", bool, False, "JSON log lines"),
+    ("--disable-spans", "DISABLE_SPANS", bool, False, "Leave spans out of JSON logs"),
+    ("--otlp-endpoint", "OTLP_ENDPOINT", None, None, "OTLP/gRPC trace endpoint"),
+    (
+        "--otlp-service-name",
+        "OTLP_SERVICE_NAME",
+        None,
+        "text-embeddings-inference.server",
+        "OpenTelemetry service name",
+    ),
+    ("--prometheus-port", "PROMETHEUS_PORT", _int, None, "Also serve /metrics on this port"),
+    (
+        "--cors-allow-origin",
+        "CORS_ALLOW_ORIGIN",
+        None,
+        None,
+        "Allowed CORS origin (repeat the flag; default any)",
+    ),
+    ("--backend", "BACKEND", None, "auto", "auto, torch, hf or onnx"),
+    ("--device", "DEVICE", None, "auto", "auto, cpu or cuda"),
+]
+
+
+class _ArgParser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line, exit 2, no usage dump
+        sys.stderr.write(f"vectorpress: error: {message}\n")
+        raise SystemExit(2)
+
+
+def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    parser = _ArgParser(prog="vectorpress", description="TEI-compatible inference server")
+    parser.add_argument("-V", "--version", action="version", version=__version__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_ArgParser)
+    serve = sub.add_parser("serve", help="Serve a model over HTTP")
+    for flag, var, kind, default, help_text in _FLAGS:
+        dest = flag.lstrip("-").replace("-", "_")
+        raw = env.get(var)
+        names = ("-p", flag) if flag == "--port" else (flag,)
+        if kind is bool:
+            value = default if raw is None else _env(raw, _bool, var)
+            serve.add_argument(
+                *names,
+                dest=dest,
+                nargs="?",
+                const=True,
+                type=_bool,
+                default=value,
+                metavar="true|false",
+                help=f"{help_text} [env {var}]",
+            )
+        elif flag == "--cors-allow-origin":
+            value = None if raw is None else [o.strip() for o in raw.split(",") if o.strip()]
+            serve.add_argument(
+                flag, dest=dest, action="append", default=None, help=f"{help_text} [env {var}]"
+            )
+            serve.set_defaults(_cors_env=value)
+        else:
+            conv = kind or str
+            value = default if raw is None else _env(raw, conv, var)
+            serve.add_argument(
+                *names, dest=dest, type=conv, default=value, help=f"{help_text} [env {var}]"
+            )
+    return parser
+
+
+def _env(raw: str, conv: Callable[[str], Any], var: str) -> Any:
+    try:
+        return conv(raw)
+    except argparse.ArgumentTypeError as exc:
+        raise StartupError(f"environment variable {var}: {exc}") from None
+
+
+def settings_from_args(
+    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+) -> Settings:
+    env = os.environ if env is None else env
+    args = build_parser(env).parse_args(argv)
+    values = vars(args)
+    values.pop("command")
+    cors_env = values.pop("_cors_env", None)
+    if values["cors_allow_origin"] is None:
+        values["cors_allow_origin"] = cors_env
+    if values["cors_allow_origin"] is not None:
+        values["cors_allow_origin"] = tuple(values["cors_allow_origin"])
+    if values["model_id"] is None:
+        from vectorpress.hub import bundled_model_path
+
+        bundled = bundled_model_path()
+        values["model_id"] = str(bundled) if bundled else ""
+        if bundled and values["served_model_name"] is None:
+            values["served_model_name"] = BUNDLED_MODEL_NAME
+    if values["tokenization_workers"] is None:
+        values["tokenization_workers"] = default_tokenization_workers()
+    if values["hf_token"] is None and env.get("HF_API_TOKEN"):
+        values["hf_token"] = env["HF_API_TOKEN"]
+    return Settings(**values)
+
+
+def configure_logging(settings: Settings) -> None:
+    level = os.environ.get("LOG_LEVEL", "info").upper()
+    logging.basicConfig(
+        level=getattr(logging, level, logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def warn_unhonoured(settings: Settings) -> None:
+    defaults = Settings(model_id="x")
+    for name in NOT_YET_HONOURED:
+        if getattr(settings, name) != getattr(defaults, name):
+            log.warning("--%s is accepted but not honoured yet", name.replace("_", "-"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = settings_from_args(argv)
+        configure_logging(settings)
+        warn_unhonoured(settings)
+        from vectorpress.server import run
+
+        run(settings)
+    except StartupError as exc:
+        sys.stderr.write(f"vectorpress: error: {exc}\n")
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    return 0

@@ -1,0 +1,1 @@
+"""The serving pipeline: admission, tokenization, batching, the backend worker, post-processing."""

@@ -1,0 +1,434 @@
+"""Infer: one object per served model; every dialect (HTTP, OpenAI, gRPC) calls these methods."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import numpy as np
+
+from vectorpress.core import postprocess
+from vectorpress.core.admission import Admission
+from vectorpress.core.metrics import Metrics
+from vectorpress.core.queue import BatchingQueue
+from vectorpress.core.tokenization import PairInput, TextInput, Token, TokenizerPool
+from vectorpress.core.worker import BackendWorker
+from vectorpress.errors import (
+    BackendError,
+    BatchSizeError,
+    EmptyError,
+    ModelTypeError,
+    UnhealthyError,
+    ValidationError,
+    VectorpressError,
+)
+from vectorpress.model_spec import ModelSpec
+from vectorpress.types import Encoding, Entry, OutputKind, Timings, Truncation
+
+T = TypeVar("T")
+
+
+@dataclass
+class Result(Generic[T]):
+    """A request's values plus what TEI reports about it in headers and usage."""
+
+    values: T
+    chars: int = 0
+    tokens: int = 0
+    timings: Timings | None = None
+    """Mean per input, as TEI's x-*-time headers."""
+    total_time: float = 0.0
+
+
+@dataclass
+class _Run:
+    values: list[np.ndarray]
+    encodings: list[Encoding]
+    timings: Timings
+
+
+class Infer:
+    """The pipeline for one model: admission, tokenization, queue, worker, post-processing."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        tokenizers: TokenizerPool,
+        queue: BatchingQueue,
+        worker: BackendWorker,
+        *,
+        max_concurrent_requests: int,
+        max_client_batch_size: int,
+        auto_truncate: bool,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.spec = spec
+        self.tokenizers = tokenizers
+        self.queue = queue
+        self.worker = worker
+        self.admission = Admission(max_concurrent_requests)
+        self.max_client_batch_size = max_client_batch_size
+        self.auto_truncate = auto_truncate
+        self.metrics = metrics or Metrics(spec.max_input_length)
+
+    # -- checks shared by every route ----------------------------------------------------------
+
+    def check_batch(self, n: int, what: str = "inputs") -> None:
+        if n == 0:
+            raise EmptyError(f"`{what}` cannot be empty")
+        if n > self.max_client_batch_size:
+            raise BatchSizeError(
+                f"batch size {n} > maximum allowed batch size {self.max_client_batch_size}"
+            )
+
+    def _require_embedding(self) -> None:
+        if self.spec.kind != "embedding":
+            raise ModelTypeError("Backend error: Model is not an embedding model")
+
+    def _check_dimensions(self, dimensions: int | None) -> None:
+        if dimensions is None:
+            return
+        if dimensions <= 0:
+            raise ValidationError("Input validation error: `dimensions` should be positive")
+        if dimensions > self.spec.embedding_size:
+            raise ValidationError(
+                "Input validation error: `dimensions` should be smaller than the maximum "
+                "embedding dimension."
+            )
+
+    # -- the one way through -------------------------------------------------------------------
+
+    async def _run(
+        self,
+        n: int,
+        encode: Callable[[], Awaitable[list[Encoding]]],
+        kind: OutputKind,
+        family: str,
+        wait_for_permits: bool = False,
+    ) -> _Run:
+        if not self.worker.alive:
+            raise UnhealthyError()
+        if wait_for_permits:
+            await self.admission.acquire(n)
+        else:
+            self.admission.try_acquire(n)
+        try:
+            self.metrics.inc(f"te_{family}_count", n)
+            started = time.perf_counter()
+            encodings = await encode()
+            tokenization = time.perf_counter() - started
+            for enc in encodings:
+                self.metrics.observe("te_request_input_length", len(enc))
+            loop = asyncio.get_running_loop()
+            entries = [
+                Entry(enc, kind, loop.create_future(), loop, tokenization=tokenization)
+                for enc in encodings
+            ]
+            self.queue.put(entries)
+            self.metrics.set("te_queue_size", len(self.queue))
+            try:
+                values = await asyncio.gather(*(e.future for e in entries))
+            finally:
+                for entry in entries:
+                    if not entry.future.done():
+                        entry.future.cancel()
+            timings = Timings(
+                tokenization=tokenization,
+                queue=sum(e.queue_time for e in entries) / n,
+                inference=sum(e.inference_time for e in entries) / n,
+            )
+            total = time.perf_counter() - started
+            self.metrics.inc(f"te_{family}_success", n)
+            for entry in entries:
+                self.metrics.observe(f"te_{family}_duration", total)
+                self.metrics.observe(f"te_{family}_tokenization_duration", tokenization)
+                self.metrics.observe(f"te_{family}_queue_duration", entry.queue_time)
+                self.metrics.observe(f"te_{family}_inference_duration", entry.inference_time)
+            return _Run(list(values), encodings, timings)
+        finally:
+            self.admission.release(n)
+
+    async def _request(self, n: int, call: Callable[[], Awaitable[Result[T]]]) -> Result[T]:
+        """Count a request and time it; failures are counted by their error kind."""
+        method = "single" if n == 1 else "batch"
+        self.metrics.inc("te_request_count", method=method)
+        started = time.perf_counter()
+        try:
+            result = await call()
+        except VectorpressError as exc:
+            self.metrics.inc("te_request_failure", err=exc.metric)
+            raise
+        except asyncio.CancelledError:
+            self.metrics.inc("te_request_failure", err="dropped")
+            raise
+        result.total_time = time.perf_counter() - started
+        self.metrics.inc("te_request_success", method=method)
+        self.metrics.observe("te_request_duration", result.total_time)
+        if result.timings is not None:
+            self.metrics.observe("te_request_tokenization_duration", result.timings.tokenization)
+            self.metrics.observe("te_request_queue_duration", result.timings.queue)
+            self.metrics.observe("te_request_inference_duration", result.timings.inference)
+        return result
+
+    @staticmethod
+    def _chars(inputs: Sequence[TextInput]) -> int:
+        return sum(len(i) for i in inputs)
+
+    # -- embeddings ----------------------------------------------------------------------------
+
+    async def embed(
+        self,
+        inputs: Sequence[TextInput],
+        *,
+        truncate: bool | None = None,
+        direction: Truncation = Truncation.RIGHT,
+        prompt_name: str | None = None,
+        normalize: bool = True,
+        dimensions: int | None = None,
+        wait_for_permits: bool = False,
+    ) -> Result[list[np.ndarray]]:
+        """Pooled vectors (Dense applied), then Matryoshka truncation, then normalization."""
+
+        async def call() -> Result[list[np.ndarray]]:
+            self._require_embedding()
+            self.check_batch(len(inputs))
+            if self.spec.is_splade and normalize:
+                raise BackendError("Backend error: `normalize` is not available for SPLADE models")
+            self._check_dimensions(dimensions)
+            run = await self._run(
+                len(inputs),
+                lambda: self.tokenizers.encode(
+                    inputs,
+                    truncate=self._truncate(truncate),
+                    direction=direction,
+                    prompt_name=prompt_name,
+                ),
+                OutputKind.POOLED,
+                "embed",
+                wait_for_permits,
+            )
+            vectors = []
+            for v in run.values:
+                v = postprocess.matryoshka(v, dimensions)
+                vectors.append(postprocess.l2_normalize(v) if normalize else v)
+            return self._result(vectors, run, self._chars(inputs))
+
+        return await self._request(len(inputs), call)
+
+    async def embed_sparse(
+        self,
+        inputs: Sequence[TextInput],
+        *,
+        truncate: bool | None = None,
+        direction: Truncation = Truncation.RIGHT,
+        prompt_name: str | None = None,
+        wait_for_permits: bool = False,
+    ) -> Result[list[tuple[np.ndarray, np.ndarray]]]:
+        """SPLADE vectors as (indices, values) of their non-zero entries."""
+
+        async def call() -> Result[list[tuple[np.ndarray, np.ndarray]]]:
+            if self.spec.kind != "embedding" or not self.spec.is_splade:
+                raise ModelTypeError(
+                    "Backend error: Model is not an embedding model with SPLADE pooling"
+                )
+            self.check_batch(len(inputs))
+            run = await self._run(
+                len(inputs),
+                lambda: self.tokenizers.encode(
+                    inputs,
+                    truncate=self._truncate(truncate),
+                    direction=direction,
+                    prompt_name=prompt_name,
+                ),
+                OutputKind.POOLED,
+                "embed",
+                wait_for_permits,
+            )
+            return self._result(
+                [postprocess.sparsify(v) for v in run.values], run, self._chars(inputs)
+            )
+
+        return await self._request(len(inputs), call)
+
+    async def embed_all(
+        self,
+        inputs: Sequence[TextInput],
+        *,
+        truncate: bool | None = None,
+        direction: Truncation = Truncation.RIGHT,
+        prompt_name: str | None = None,
+        wait_for_permits: bool = False,
+    ) -> Result[list[np.ndarray]]:
+        """The last hidden state of every token, special and prompt tokens included."""
+
+        async def call() -> Result[list[np.ndarray]]:
+            self._require_embedding()
+            if self.spec.is_splade:
+                raise BackendError("Backend error: `embed_all` is not available for SPLADE models")
+            self.check_batch(len(inputs))
+            run = await self._run(
+                len(inputs),
+                lambda: self.tokenizers.encode(
+                    inputs,
+                    truncate=self._truncate(truncate),
+                    direction=direction,
+                    prompt_name=prompt_name,
+                ),
+                OutputKind.RAW,
+                "embed",
+                wait_for_permits,
+            )
+            return self._result(run.values, run, self._chars(inputs))
+
+        return await self._request(len(inputs), call)
+
+    async def similarity(
+        self,
+        source: str,
+        sentences: Sequence[str],
+        *,
+        truncate: bool | None = None,
+        direction: Truncation = Truncation.RIGHT,
+        prompt_name: str | None = None,
+    ) -> Result[list[float]]:
+        """Cosine similarity of each sentence with the source sentence."""
+        if not sentences:
+            raise EmptyError("`sentences` cannot be empty")
+        self.check_batch(len(sentences) + 1)
+        result = await self.embed(
+            [source, *sentences],
+            truncate=truncate,
+            direction=direction,
+            prompt_name=prompt_name,
+            normalize=False,
+        )
+        src, *rest = result.values
+        return Result(
+            [postprocess.cosine(src, v) for v in rest],
+            result.chars,
+            result.tokens,
+            result.timings,
+            result.total_time,
+        )
+
+    # -- classification and reranking ----------------------------------------------------------
+
+    async def predict(
+        self,
+        inputs: Sequence[PairInput],
+        *,
+        truncate: bool | None = None,
+        direction: Truncation = Truncation.RIGHT,
+        raw_scores: bool = False,
+        wait_for_permits: bool = False,
+    ) -> Result[list[list[tuple[str, float]]]]:
+        """Per input, every (label, score) sorted by score descending."""
+
+        async def call() -> Result[list[list[tuple[str, float]]]]:
+            if self.spec.kind == "embedding":
+                raise ModelTypeError("Backend error: Model is not a classifier model")
+            self.check_batch(len(inputs))
+            run = await self._run(
+                len(inputs),
+                lambda: self.tokenizers.encode_pairs(
+                    inputs, truncate=self._truncate(truncate), direction=direction
+                ),
+                OutputKind.POOLED,
+                "predict",
+                wait_for_permits,
+            )
+            out = []
+            for logits in run.values:
+                scores = postprocess.class_scores(logits, raw_scores)
+                labelled = [(self.spec.id2label[i], float(s)) for i, s in enumerate(scores)]
+                labelled.sort(key=lambda p: p[1], reverse=True)
+                out.append(labelled)
+            chars = sum(len(i) if isinstance(i, str) else len(i[0]) + len(i[1]) for i in inputs)
+            return self._result(out, run, chars)
+
+        return await self._request(len(inputs), call)
+
+    async def rerank(
+        self,
+        query: str,
+        texts: Sequence[str],
+        *,
+        truncate: bool | None = None,
+        direction: Truncation = Truncation.RIGHT,
+        raw_scores: bool = False,
+        wait_for_permits: bool = False,
+    ) -> Result[list[tuple[int, float]]]:
+        """(index, score) of each text, best first; ties put the higher index first."""
+
+        async def call() -> Result[list[tuple[int, float]]]:
+            if self.spec.kind != "reranker":
+                raise ModelTypeError("Backend error: model is not a re-ranker model")
+            if not texts:
+                raise EmptyError("`texts` cannot be empty")
+            self.check_batch(len(texts), "texts")
+            pairs: list[PairInput] = [(query, t) for t in texts]
+            run = await self._run(
+                len(texts),
+                lambda: self.tokenizers.encode_pairs(
+                    pairs, truncate=self._truncate(truncate), direction=direction
+                ),
+                OutputKind.POOLED,
+                "predict",
+                wait_for_permits,
+            )
+            scores = [float(postprocess.class_scores(v, raw_scores)[0]) for v in run.values]
+            ranked = [(i, scores[i]) for i in postprocess.rerank_order(scores)]
+            chars = len(query) * len(texts) + sum(len(t) for t in texts)
+            return self._result(ranked, run, chars)
+
+        return await self._request(len(texts), call)
+
+    # -- tokenizer routes ----------------------------------------------------------------------
+
+    async def tokenize(
+        self,
+        inputs: Sequence[str],
+        *,
+        add_special_tokens: bool = True,
+        prompt_name: str | None = None,
+    ) -> list[list[Token]]:
+        self.check_batch(len(inputs))
+        return await self.tokenizers.tokenize(
+            inputs, add_special_tokens=add_special_tokens, prompt_name=prompt_name
+        )
+
+    async def decode(
+        self, ids: Sequence[Sequence[int]], *, skip_special_tokens: bool = True
+    ) -> list[str]:
+        self.check_batch(len(ids), "ids")
+        return await self.tokenizers.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    # -- health --------------------------------------------------------------------------------
+
+    async def health(self, timeout: float = 30.0) -> bool:
+        """True when the backend answers: cheap after a good batch, a 1-token forward otherwise."""
+        if not self.worker.alive:
+            return False
+        if self.worker.last_batch_ok:
+            return True
+        loop = asyncio.get_running_loop()
+        probe = Encoding(ids=[0], type_ids=[0], position_offset=self.spec.position_offset)
+        entry = Entry(probe, OutputKind.POOLED, loop.create_future(), loop)
+        self.queue.put([entry])
+        try:
+            await asyncio.wait_for(entry.future, timeout)
+        except (VectorpressError, asyncio.TimeoutError):
+            return False
+        return True
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _truncate(self, truncate: bool | None) -> bool:
+        return self.auto_truncate if truncate is None else truncate
+
+    @staticmethod
+    def _result(values: T, run: _Run, chars: int) -> Result[T]:
+        return Result(values, chars, sum(len(e) for e in run.encodings), run.timings)

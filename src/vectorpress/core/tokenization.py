@@ -1,0 +1,333 @@
+"""Tokenization off the event loop: prompts, truncation with direction, limits, position offsets.
+
+Each worker thread owns its own copy of the fast tokenizer, because truncation is a mutable
+setting of a `tokenizers.Tokenizer` and must not change under another thread's call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from vectorpress.errors import (
+    EmptyError,
+    StartupError,
+    TokenizerError,
+    TokenLimitError,
+    ValidationError,
+)
+from vectorpress.types import Encoding, Truncation
+
+#: One input as a caller gives it: text, or token ids.
+TextInput = str | list[int]
+#: A text or a pair of texts (query, passage) for cross-encoders.
+PairInput = str | tuple[str, str]
+
+#: TEI bounds the characters of an input by 250 per token of the model's limit, so that a
+#: huge string cannot keep a tokenizer thread busy for seconds.
+CHARS_PER_TOKEN = 250
+
+
+@dataclass(frozen=True)
+class Token:
+    """One token as /tokenize reports it; offsets are byte offsets into the (prompted) input."""
+
+    id: int
+    text: str
+    special: bool
+    start: int | None
+    stop: int | None
+
+
+class _Local(threading.local):
+    tokenizer: Tokenizer | None = None
+    truncation: tuple[int, str] | None = None
+
+
+class TokenizerPool:
+    """Encodes inputs for one model on a pool of threads."""
+
+    def __init__(
+        self,
+        tokenizer_json: str,
+        *,
+        max_input_length: int,
+        position_offset: int,
+        vocab_size: int,
+        prompts: dict[str, str],
+        default_prompt: str | None,
+        workers: int,
+    ) -> None:
+        self._json = tokenizer_json
+        self.max_input_length = max_input_length
+        self.position_offset = position_offset
+        self.vocab_size = vocab_size
+        self.prompts = prompts
+        self.default_prompt = default_prompt
+        self.max_chars = max_input_length * CHARS_PER_TOKEN
+        self.workers = workers
+        self._local = _Local()
+        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="vp-tokenize")
+        self._new_tokenizer()  # fail at start-up, not on the first request
+
+    @classmethod
+    def from_folder(cls, folder: Path, **kwargs: object) -> TokenizerPool:
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise StartupError(f"{folder} has no tokenizer.json (only fast tokenizers are served)")
+        return cls(path.read_text(encoding="utf-8"), **kwargs)  # type: ignore[arg-type]
+
+    def _new_tokenizer(self) -> Tokenizer:
+        tok = Tokenizer.from_str(self._json)
+        tok.no_padding()
+        tok.no_truncation()
+        return tok
+
+    def _tokenizer(self, truncation: tuple[int, str] | None) -> Tokenizer:
+        local = self._local
+        if local.tokenizer is None:
+            local.tokenizer = self._new_tokenizer()
+            local.truncation = None
+        tok = local.tokenizer
+        if local.truncation != truncation:
+            if truncation is None:
+                tok.no_truncation()
+            else:
+                tok.enable_truncation(truncation[0], direction=truncation[1])
+            local.truncation = truncation
+        return tok
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # -- prompts -------------------------------------------------------------------------------
+
+    def resolve_prompt(self, prompt_name: str | None) -> str | None:
+        """The prompt text a request gets: its named prompt, else the default one."""
+        if prompt_name is None:
+            return self.default_prompt
+        if prompt_name not in self.prompts:
+            available = ", ".join(sorted(self.prompts)) or "none"
+            raise ValidationError(
+                f"Input validation error: prompt `{prompt_name}` was not found in the "
+                f"Sentence Transformers prompts. Available prompts: {available}"
+            )
+        return self.prompts[prompt_name]
+
+    # -- encoding ------------------------------------------------------------------------------
+
+    async def encode(
+        self,
+        inputs: Sequence[TextInput],
+        *,
+        truncate: bool,
+        direction: Truncation = Truncation.RIGHT,
+        prompt_name: str | None = None,
+    ) -> list[Encoding]:
+        """Encode single inputs (texts or token ids); all or nothing."""
+        prompt = self.resolve_prompt(prompt_name)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._executor, self._encode_singles, list(inputs), truncate, direction, prompt
+        )
+
+    async def encode_pairs(
+        self,
+        inputs: Sequence[PairInput],
+        *,
+        truncate: bool,
+        direction: Truncation = Truncation.RIGHT,
+    ) -> list[Encoding]:
+        """Encode texts and (query, passage) pairs for classifiers and rerankers.
+
+        The default prompt applies to single texts only: prepending it to one side of a pair
+        would change what a cross-encoder scores.
+        """
+        prompt = self.default_prompt
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._executor, self._encode_pairs, list(inputs), truncate, direction, prompt
+        )
+
+    def _check_chars(self, text: str, truncate: bool, limit: int) -> str:
+        if len(text) <= limit:
+            return text
+        if truncate:
+            return text[:limit]
+        raise ValidationError(
+            f"Input validation error: `inputs` must have less than {self.max_chars} "
+            f"characters. Given: {len(text)}"
+        )
+
+    def _finish(
+        self, ids: list[int], type_ids: list[int], chars: int, truncate: bool, truncated: bool
+    ) -> Encoding:
+        if len(ids) > self.max_input_length:
+            raise TokenLimitError(
+                f"Input validation error: `inputs` must have less than "
+                f"{self.max_input_length} tokens. Given: {len(ids)}"
+            )
+        return Encoding(
+            ids=ids,
+            type_ids=type_ids,
+            position_offset=self.position_offset,
+            chars=chars,
+            truncated=truncated,
+        )
+
+    def _encode_ids(
+        self, ids: list[int], truncate: bool, direction: Truncation, prompt: str | None
+    ) -> Encoding:
+        if not ids:
+            raise EmptyError("Input validation error: `inputs` cannot be empty")
+        bad = next((i for i in ids if not 0 <= i < self.vocab_size), None)
+        if bad is not None:
+            raise ValidationError(
+                f"Input validation error: token id {bad} is outside the vocabulary "
+                f"(size {self.vocab_size})"
+            )
+        if prompt:
+            # As TEI: with a prompt, ids are decoded, prompted, and encoded again.
+            tok = self._tokenizer(None)
+            text = prompt + tok.decode(ids, skip_special_tokens=True)
+            enc = self._encode_text(text, truncate, direction)
+            return Encoding(enc.ids, enc.type_ids, enc.position_offset, len(ids), enc.truncated)
+        truncated = False
+        if len(ids) > self.max_input_length and truncate:
+            limit = self.max_input_length
+            ids = ids[:limit] if direction is Truncation.RIGHT else ids[-limit:]
+            truncated = True
+        return self._finish(list(ids), [0] * len(ids), len(ids), truncate, truncated)
+
+    def _encode_text(self, text: str, truncate: bool, direction: Truncation) -> Encoding:
+        chars = len(text)
+        text = self._check_chars(text, truncate, self.max_chars)
+        tok = self._tokenizer((self.max_input_length, direction.value) if truncate else None)
+        try:
+            enc = tok.encode(text, add_special_tokens=True)
+        except Exception as exc:
+            raise TokenizerError(f"tokenizer error: {exc}") from exc
+        truncated = bool(enc.overflowing) or chars != len(text)
+        return self._finish(enc.ids, enc.type_ids, chars, truncate, truncated)
+
+    def _encode_singles(
+        self, inputs: list[TextInput], truncate: bool, direction: Truncation, prompt: str | None
+    ) -> list[Encoding]:
+        out = []
+        for item in inputs:
+            if isinstance(item, str):
+                if not item:
+                    raise EmptyError("Input validation error: `inputs` cannot be empty")
+                out.append(self._encode_text((prompt or "") + item, truncate, direction))
+            else:
+                out.append(self._encode_ids(item, truncate, direction, prompt))
+        return out
+
+    def _encode_pairs(
+        self, inputs: list[PairInput], truncate: bool, direction: Truncation, prompt: str | None
+    ) -> list[Encoding]:
+        out = []
+        half = self.max_chars // 2
+        for item in inputs:
+            if isinstance(item, str):
+                if not item:
+                    raise EmptyError("Input validation error: `inputs` cannot be empty")
+                out.append(self._encode_text((prompt or "") + item, truncate, direction))
+                continue
+            first, second = item
+            if not first and not second:
+                raise EmptyError("Input validation error: `inputs` cannot be empty")
+            chars = len(first) + len(second)
+            first = self._check_chars(first, truncate, half)
+            second = self._check_chars(second, truncate, half)
+            tok = self._tokenizer((self.max_input_length, direction.value) if truncate else None)
+            try:
+                enc = tok.encode(first, second, add_special_tokens=True)
+            except Exception as exc:
+                raise TokenizerError(f"tokenizer error: {exc}") from exc
+            truncated = bool(enc.overflowing) or chars != len(first) + len(second)
+            out.append(self._finish(enc.ids, enc.type_ids, chars, truncate, truncated))
+        return out
+
+    # -- /tokenize and /decode -----------------------------------------------------------------
+
+    async def tokenize(
+        self, inputs: Sequence[str], *, add_special_tokens: bool, prompt_name: str | None
+    ) -> list[list[Token]]:
+        prompt = self.resolve_prompt(prompt_name)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._executor, self._tokenize, list(inputs), add_special_tokens, prompt
+        )
+
+    def _tokenize(
+        self, inputs: list[str], add_special_tokens: bool, prompt: str | None
+    ) -> list[list[Token]]:
+        tok = self._tokenizer(None)
+        out = []
+        for text in inputs:
+            if not text:
+                raise EmptyError("Input validation error: `inputs` cannot be empty")
+            text = (prompt or "") + text
+            self._check_chars(text, False, self.max_chars)
+            enc = tok.encode(text, add_special_tokens=add_special_tokens)
+            # Offsets from tokenizers count characters; TEI reports byte offsets.
+            byte_at = _char_to_byte_offsets(text)
+            tokens = []
+            for tid, piece, special, (start, stop) in zip(
+                enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets, strict=False
+            ):
+                if special:
+                    tokens.append(Token(tid, piece, True, None, None))
+                else:
+                    b0, b1 = byte_at[start], byte_at[stop]
+                    tokens.append(
+                        Token(
+                            tid,
+                            text.encode("utf-8")[b0:b1].decode("utf-8", "replace"),
+                            False,
+                            b0,
+                            b1,
+                        )
+                    )
+            out.append(tokens)
+        return out
+
+    async def decode(self, ids: Sequence[Sequence[int]], *, skip_special_tokens: bool) -> list[str]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._executor, self._decode, [list(i) for i in ids], skip_special_tokens
+        )
+
+    def _decode(self, ids: list[list[int]], skip_special_tokens: bool) -> list[str]:
+        tok = self._tokenizer(None)
+        out = []
+        vocab = tok.get_vocab_size(with_added_tokens=True)
+        for seq in ids:
+            if not seq:
+                raise EmptyError("Input validation error: `input_ids` cannot be empty")
+            bad = next((i for i in seq if not 0 <= i < vocab), None)
+            if bad is not None:
+                raise ValidationError(
+                    f"Input validation error: token id {bad} is outside the vocabulary "
+                    f"(size {vocab})"
+                )
+            out.append(tok.decode(seq, skip_special_tokens=skip_special_tokens))
+        return out
+
+
+def _char_to_byte_offsets(text: str) -> list[int]:
+    """byte_at[i] = byte offset of character i; byte_at[len(text)] = total bytes."""
+    offsets = [0] * (len(text) + 1)
+    pos = 0
+    for i, ch in enumerate(text):
+        offsets[i] = pos
+        pos += len(ch.encode("utf-8"))
+    offsets[len(text)] = pos
+    return offsets

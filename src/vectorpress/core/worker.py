@@ -1,0 +1,159 @@
+"""BackendWorker: the one thread that owns the model and runs every forward pass."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from vectorpress.core.queue import BatchingQueue
+from vectorpress.errors import BackendError, UnhealthyError, VectorpressError
+from vectorpress.types import Batch, BatchOutput, Entry
+
+log = logging.getLogger(__name__)
+
+BatchFn = Callable[[Batch], BatchOutput]
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
+
+
+class BackendWorker:
+    """Takes batches from the queue, runs them on the backend, resolves the entries' futures.
+
+    An exception in a forward pass fails only that batch's entries. Out of memory splits the
+    batch and retries the halves before anyone fails. If the thread itself dies, `alive` turns
+    false, waiting entries fail with Unhealthy, and later submissions are refused at once.
+    """
+
+    def __init__(
+        self,
+        queue: BatchingQueue,
+        run_batch: BatchFn,
+        on_batch: Callable[[Batch, float], None] | None = None,
+    ) -> None:
+        self.queue = queue
+        self.run_batch = run_batch
+        self.on_batch = on_batch
+        self.alive = False
+        self.last_batch_ok = True
+        self._thread = threading.Thread(target=self._main, name="vp-backend", daemon=True)
+
+    def start(self) -> None:
+        self.alive = True
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Finish what is queued, then end the thread."""
+        self.queue.close()
+        self._thread.join(timeout)
+
+    def _main(self) -> None:
+        try:
+            while True:
+                entries = self.queue.next_batch()
+                if entries is None:
+                    return
+                if entries:
+                    self._run(entries)
+        except BaseException as exc:  # the loop itself failed: the model is unusable
+            log.exception("backend worker died")
+            self.alive = False
+            self.queue.fail_all(UnhealthyError())
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self.alive = False
+
+    def _run(self, entries: list[Entry]) -> None:
+        started = time.perf_counter()
+        batch = Batch.from_encodings([e.encoding for e in entries], [e.kind for e in entries])
+        try:
+            output = self._forward(batch)
+        except Exception as exc:
+            self.last_batch_ok = False
+            log.error("forward pass failed for a batch of %d inputs: %s", batch.size, exc)
+            message = exc.message if isinstance(exc, VectorpressError) else str(exc)
+            error = BackendError(f"Backend error: {message}")
+            _resolve(entries, [None] * len(entries), error)
+            return
+        self.last_batch_ok = True
+        elapsed = time.perf_counter() - started
+        if self.on_batch is not None:
+            self.on_batch(batch, elapsed)
+        values: list[Any] = [None] * len(entries)
+        if output.pooled is not None:
+            for row, index in enumerate(batch.pooled_indices):
+                values[index] = output.pooled[row]
+        for arr, index in zip(output.raw, batch.raw_indices, strict=False):
+            values[index] = arr
+        for entry in entries:
+            entry.queue_time = started - entry.queued_at
+            entry.inference_time = elapsed
+        _resolve(entries, values, None)
+
+    def _forward(self, batch: Batch) -> BatchOutput:
+        try:
+            return self.run_batch(batch)
+        except Exception as exc:
+            if not _is_oom(exc) or batch.size == 1:
+                raise
+            log.warning("out of memory on a batch of %d inputs; retrying in halves", batch.size)
+            return _join(self._forward(part) for part in _halves(batch))
+
+
+def _halves(batch: Batch) -> tuple[Batch, Batch]:
+    mid = batch.size // 2
+    cu = batch.cu_seqlens
+    split = int(cu[mid])
+
+    def part(lo: int, hi: int, t0: int, t1: int) -> Batch:
+        return Batch(
+            input_ids=batch.input_ids[t0:t1],
+            token_type_ids=batch.token_type_ids[t0:t1],
+            position_ids=batch.position_ids[t0:t1],
+            cu_seqlens=(cu[lo : hi + 1] - cu[lo]).astype(np.int32),
+            max_seqlen=int(np.diff(cu[lo : hi + 1]).max()),
+            pooled_indices=tuple(i - lo for i in batch.pooled_indices if lo <= i < hi),
+            raw_indices=tuple(i - lo for i in batch.raw_indices if lo <= i < hi),
+        )
+
+    return part(0, mid, 0, split), part(mid, batch.size, split, batch.total_tokens)
+
+
+def _join(outputs: Any) -> BatchOutput:
+    parts = list(outputs)
+    pooled = [p.pooled for p in parts if p.pooled is not None and len(p.pooled)]
+    return BatchOutput(
+        pooled=np.concatenate(pooled) if pooled else None,
+        raw=[r for p in parts for r in p.raw],
+    )
+
+
+def _resolve(entries: list[Entry], values: list[Any], error: BaseException | None) -> None:
+    """Hand results to each entry's event loop in one callback per loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Entry, Any]]] = defaultdict(list)
+    for entry, value in zip(entries, values, strict=False):
+        by_loop[entry.loop].append((entry, value))
+    for loop, items in by_loop.items():
+        # A closed loop means nobody is waiting any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_set_all, items, error)
+
+
+def _set_all(items: list[tuple[Entry, Any]], error: BaseException | None) -> None:
+    for entry, value in items:
+        if entry.future.done():
+            continue
+        if error is not None:
+            entry.future.set_exception(error)
+        else:
+            entry.future.set_result(value)

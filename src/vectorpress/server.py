@@ -1,0 +1,189 @@
+"""Start-up: resolve and load the model, build the pipeline, warm up, then open the socket."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+
+import torch
+import uvicorn
+
+from vectorpress.api.state import AppState
+from vectorpress.backends.base import Backend
+from vectorpress.backends.select import select_backend
+from vectorpress.core.infer import Infer
+from vectorpress.core.metrics import Metrics
+from vectorpress.core.queue import BatchingQueue
+from vectorpress.core.tokenization import TokenizerPool
+from vectorpress.core.worker import BackendWorker
+from vectorpress.hub import resolve_model
+from vectorpress.model_spec import ModelSpec, load_model_spec
+from vectorpress.settings import Settings
+from vectorpress.types import Batch, Encoding, OutputKind
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Served:
+    """One loaded model with its running pipeline."""
+
+    settings: Settings
+    spec: ModelSpec
+    backend: Backend
+    infer: Infer
+    state: AppState
+
+    def close(self) -> None:
+        self.infer.worker.stop()
+        self.infer.tokenizers.close()
+
+
+def build_pipeline(
+    settings: Settings, spec: ModelSpec, backend: Backend, metrics: Metrics | None = None
+) -> Infer:
+    """Queue, worker, tokenizer pool and Infer around a loaded backend; the worker is started."""
+    metrics = metrics or Metrics(spec.max_input_length)
+    max_batch_requests = backend.max_batch_size or settings.max_batch_requests
+    queue = BatchingQueue(
+        settings.max_batch_tokens,
+        max_batch_requests,
+        backend.is_padded,
+        on_dropped=lambda n: metrics.inc("te_request_failure", n, err="dropped"),
+    )
+
+    def on_batch(batch: Batch, _elapsed: float) -> None:
+        metrics.observe("te_batch_next_size", batch.size)
+        metrics.observe("te_batch_next_tokens", batch.total_tokens)
+        metrics.set("te_queue_size", len(queue))
+
+    run = backend.embed if spec.kind == "embedding" else backend.predict
+    worker = BackendWorker(queue, run, on_batch)
+    tokenizers = TokenizerPool.from_folder(
+        spec.path,
+        max_input_length=spec.max_input_length,
+        position_offset=spec.position_offset,
+        vocab_size=spec.vocab_size,
+        prompts=spec.prompts,
+        default_prompt=spec.default_prompt,
+        workers=settings.tokenization_workers,
+    )
+    worker.start()
+    return Infer(
+        spec,
+        tokenizers,
+        queue,
+        worker,
+        max_concurrent_requests=settings.max_concurrent_requests,
+        max_client_batch_size=settings.max_client_batch_size,
+        auto_truncate=settings.auto_truncate,
+        metrics=metrics,
+    )
+
+
+def warm_up(backend: Backend, spec: ModelSpec, settings: Settings) -> None:
+    """A 1-token forward (health), then one input of the max length, before the socket opens.
+
+    On a GPU the whole token budget runs once, so that a budget too large for the device's
+    memory fails at start-up rather than on the first busy minute.
+    """
+    run = backend.embed if spec.kind == "embedding" else backend.predict
+    offset = spec.position_offset
+
+    def enc(n: int) -> Encoding:
+        return Encoding(ids=[0] * n, type_ids=[0] * n, position_offset=offset)
+
+    run(Batch.from_encodings([enc(1)]))
+    if backend.device.startswith("cuda"):
+        n = max(1, settings.max_batch_tokens // spec.max_input_length)
+        if settings.max_batch_requests:
+            n = min(n, settings.max_batch_requests)
+        run(Batch.from_encodings([enc(spec.max_input_length)] * n))
+    else:
+        run(Batch.from_encodings([enc(spec.max_input_length)], [OutputKind.POOLED]))
+
+
+BackendFactory = Callable[[ModelSpec, Settings], Backend]
+
+
+def load(settings: Settings, make_backend: BackendFactory = select_backend) -> Served:
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    folder = resolve_model(
+        settings.model_id,
+        settings.revision,
+        settings.hf_token,
+        settings.huggingface_hub_cache,
+        want_onnx=settings.backend == "onnx",
+    )
+    spec = load_model_spec(folder, settings)
+    backend = make_backend(spec, settings)
+    warm_up(backend, spec, settings)
+    infer = build_pipeline(settings, spec, backend)
+    state = AppState(infer, settings, backend.name, backend.dtype, backend.device)
+    log.info(
+        "model %s (%s, %s) on %s/%s backend=%s max_input_length=%d max_batch_tokens=%d "
+        "max_batch_requests=%s max_concurrent_requests=%d",
+        settings.model_id,
+        spec.architecture,
+        spec.kind,
+        backend.device,
+        backend.dtype,
+        backend.name,
+        spec.max_input_length,
+        settings.max_batch_tokens,
+        infer.queue.max_batch_requests,
+        settings.max_concurrent_requests,
+    )
+    return Served(settings, spec, backend, infer, state)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn re-raises SIGTERM after its graceful shutdown, so the process dies by the
+    signal; a drained, clean stop should exit 0 instead."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {
+            sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)
+        }
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+async def serve(served: Served) -> None:
+    from vectorpress.api.app import create_app
+
+    settings = served.settings
+    app = create_app(served.state)
+    config = uvicorn.Config(
+        app,
+        host=settings.hostname,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=30,
+    )
+    server = _Server(config)
+    log.info("Ready: listening on http://%s:%d", settings.hostname, settings.port)
+    try:
+        await server.serve()
+    finally:
+        served.close()
+
+
+def run(settings: Settings) -> None:
+    served = load(settings)
+    asyncio.run(serve(served))

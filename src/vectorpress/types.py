@@ -1,0 +1,141 @@
+"""Plain data passed between the pipeline stages and the backends."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+
+
+class Truncation(str, Enum):
+    RIGHT = "right"
+    LEFT = "left"
+
+
+class OutputKind(str, Enum):
+    """What an entry wants back from the forward pass."""
+
+    POOLED = "pooled"
+    """A pooled vector (Dense applied), SPLADE vector, or class logits."""
+    RAW = "raw"
+    """The last hidden state of every token."""
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """One tokenized, truncated input."""
+
+    ids: list[int]
+    type_ids: list[int]
+    position_offset: int = 0
+    chars: int = 0
+    truncated: bool = False
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@dataclass
+class Timings:
+    """Seconds spent per stage for one input (or the mean over a request's inputs)."""
+
+    tokenization: float = 0.0
+    queue: float = 0.0
+    inference: float = 0.0
+
+
+@dataclass
+class Entry:
+    """One queued input waiting for its batch."""
+
+    encoding: Encoding
+    kind: OutputKind
+    future: asyncio.Future[np.ndarray]
+    loop: asyncio.AbstractEventLoop
+    tokenization: float = 0.0
+    queued_at: float = field(default_factory=time.perf_counter)
+    queue_time: float = 0.0
+    inference_time: float = 0.0
+
+    @property
+    def abandoned(self) -> bool:
+        """The caller no longer waits for this entry (cancelled or disconnected)."""
+        return self.future.done()
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A packed, backend-agnostic batch: real tokens only, sequences delimited by cu_seqlens."""
+
+    input_ids: np.ndarray
+    """(total_tokens,) int64"""
+    token_type_ids: np.ndarray
+    """(total_tokens,) int64"""
+    position_ids: np.ndarray
+    """(total_tokens,) int64"""
+    cu_seqlens: np.ndarray
+    """(n + 1,) int32: sequence i spans cu_seqlens[i]:cu_seqlens[i+1]"""
+    max_seqlen: int
+    pooled_indices: tuple[int, ...]
+    """Sequences that want a pooled output, in order."""
+    raw_indices: tuple[int, ...]
+    """Sequences that want per-token outputs, in order."""
+
+    @property
+    def size(self) -> int:
+        return len(self.cu_seqlens) - 1
+
+    @property
+    def total_tokens(self) -> int:
+        return int(self.cu_seqlens[-1])
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.cu_seqlens)
+
+    @classmethod
+    def from_encodings(
+        cls, encodings: list[Encoding], kinds: list[OutputKind] | None = None
+    ) -> Batch:
+        lengths = [len(e) for e in encodings]
+        cu = np.zeros(len(encodings) + 1, dtype=np.int32)
+        np.cumsum(lengths, out=cu[1:])
+        ids = np.fromiter((i for e in encodings for i in e.ids), dtype=np.int64, count=cu[-1])
+        types = np.fromiter(
+            (t for e in encodings for t in e.type_ids), dtype=np.int64, count=cu[-1]
+        )
+        positions = (
+            np.concatenate(
+                [
+                    np.arange(e.position_offset, e.position_offset + len(e), dtype=np.int64)
+                    for e in encodings
+                ]
+            )
+            if encodings
+            else np.zeros(0, dtype=np.int64)
+        )
+        kinds = kinds or [OutputKind.POOLED] * len(encodings)
+        return cls(
+            input_ids=ids,
+            token_type_ids=types,
+            position_ids=positions,
+            cu_seqlens=cu,
+            max_seqlen=max(lengths, default=0),
+            pooled_indices=tuple(i for i, k in enumerate(kinds) if k is OutputKind.POOLED),
+            raw_indices=tuple(i for i, k in enumerate(kinds) if k is OutputKind.RAW),
+        )
+
+
+@dataclass(frozen=True)
+class BatchOutput:
+    """What a backend returns for one batch.
+
+    ``pooled`` has one row per entry of ``pooled_indices`` (embedding vectors, SPLADE vectors or
+    class logits); ``raw`` one (tokens, hidden) array per entry of ``raw_indices``.
+    """
+
+    pooled: np.ndarray | None
+    raw: list[np.ndarray]

@@ -1,0 +1,72 @@
+"""A real vectorpress HTTP server on a real loopback socket, run in a thread of the test process."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import replace
+from types import TracebackType
+
+import uvicorn
+
+from vectorpress.api.app import create_app
+from vectorpress.server import BackendFactory, Served, load
+from vectorpress.settings import Settings
+
+
+class LiveServer:
+    """`with LiveServer(settings) as srv:` serves on 127.0.0.1 on a free port at `srv.url`."""
+
+    def __init__(self, settings: Settings, make_backend: BackendFactory | None = None) -> None:
+        self.settings = replace(settings, hostname="127.0.0.1", port=0)
+        self.make_backend = make_backend
+        self.served: Served | None = None
+        self.url = ""
+        self.port = 0
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> LiveServer:
+        kwargs = {"make_backend": self.make_backend} if self.make_backend else {}
+        self.served = load(self.settings, **kwargs)
+        app = create_app(self.served.state)
+        config = uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=0,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=10,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(self._server.serve()), daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("server did not start")
+            time.sleep(0.01)
+        self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        return self
+
+    @property
+    def infer(self):  # type: ignore[no-untyped-def]
+        assert self.served is not None
+        return self.served.infer
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._server is not None and self._thread is not None
+        self._server.should_exit = True
+        self._thread.join(30)
+        if self.served is not None:
+            self.served.close()

@@ -1,0 +1,41 @@
+"""Packed attention (grouped by length) against one explicit softmax per sequence."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vectorpress.backends.torch.attention import (
+    PackedSequences,
+    packed_attention,
+    reference_attention,
+)
+from vectorpress.backends.torch.pooling import pool
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window", [None, 4])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_packed_matches_reference(causal: bool, window: int | None, kv_heads: int) -> None:
+    torch.manual_seed(0)
+    lengths = [5, 3, 5, 1, 8, 3]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    seqs = PackedSequences(cu, max(lengths))
+    total = sum(lengths)
+    q = torch.randn(total, 4, 8)
+    k = torch.randn(total, kv_heads, 8)
+    v = torch.randn(total, kv_heads, 8)
+    fast = packed_attention(q, k, v, seqs, causal=causal, window=window)
+    slow = reference_attention(q, k, v, seqs, causal=causal, window=window)
+    torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+
+
+def test_pooling_methods_on_packed_states() -> None:
+    hidden = torch.arange(12, dtype=torch.float32).reshape(6, 2)
+    seqs = PackedSequences(torch.tensor([0, 2, 6], dtype=torch.int32), 4)
+    torch.testing.assert_close(pool(hidden, seqs, "cls"), hidden[[0, 2]])
+    torch.testing.assert_close(pool(hidden, seqs, "last_token"), hidden[[1, 5]])
+    torch.testing.assert_close(
+        pool(hidden, seqs, "mean"), torch.stack([hidden[:2].mean(0), hidden[2:].mean(0)])
+    )
+    torch.testing.assert_close(pool(hidden, seqs, "mean", [1]), hidden[2:].mean(0, keepdim=True))

@@ -1,0 +1,148 @@
+"""CLI flags, their environment variables, defaults and one-line start-up errors."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from vectorpress.cli import BUNDLED_MODEL_NAME, settings_from_args
+from vectorpress.errors import StartupError
+
+
+def test_defaults_follow_tei_except_model_and_port() -> None:
+    s = settings_from_args(["serve"], env={})
+    assert s.port == 8080 and s.hostname == "0.0.0.0"
+    assert s.max_concurrent_requests == 512 and s.max_batch_tokens == 16384
+    assert s.max_client_batch_size == 32 and s.auto_truncate is True
+    assert s.payload_limit == 2_000_000 and s.max_batch_requests is None
+    assert s.otlp_service_name == "text-embeddings-inference.server"
+    assert Path(s.model_id, "config.json").is_file()
+    assert s.model_name == BUNDLED_MODEL_NAME
+
+
+def test_environment_variables_and_flags() -> None:
+    env = {
+        "MAX_BATCH_TOKENS": "2048",
+        "AUTO_TRUNCATE": "false",
+        "PORT": "9999",
+        "CORS_ALLOW_ORIGIN": "http://a,http://b",
+        "POOLING": "last-token",
+        "API_KEY": "k",
+        "MODEL_ID": "some/model",
+    }
+    s = settings_from_args(["serve"], env=env)
+    assert s.max_batch_tokens == 2048 and s.auto_truncate is False and s.port == 9999
+    assert s.cors_allow_origin == ("http://a", "http://b") and s.pooling == "last_token"
+    assert s.model_id == "some/model" and s.api_key == "k"
+    # Flags win over the environment; a bare boolean flag means true.
+    s = settings_from_args(
+        [
+            "serve",
+            "--auto-truncate",
+            "--max-batch-tokens",
+            "512",
+            "--cors-allow-origin",
+            "http://c",
+        ],
+        env=env,
+    )
+    assert s.auto_truncate is True and s.max_batch_tokens == 512
+    assert s.cors_allow_origin == ("http://c",)
+    s = settings_from_args(["serve", "--auto-truncate", "false"], env={})
+    assert s.auto_truncate is False
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--max-batch-tokens", "-5"], "max-batch-tokens"),
+        (["--max-concurrent-requests", "0"], "max-concurrent-requests"),
+        (["--dtype", "float8"], "dtype"),
+        (["--pooling", "max"], "pooling"),
+        (["--default-prompt", "a", "--default-prompt-name", "b"], "default-prompt"),
+    ],
+)
+def test_invalid_values_raise_one_line(args: list[str], needle: str) -> None:
+    with pytest.raises(StartupError) as info:
+        settings_from_args(["serve", *args], env={})
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def _run(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "vectorpress", "serve", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+    )
+
+
+def test_bad_start_exits_with_one_clear_line(tmp_path: Path) -> None:
+    cases = [
+        (["--max-batch-tokens", "-1"], "--max-batch-tokens must be a positive integer"),
+        (["--model-id", str(tmp_path / "missing")], "does not exist"),
+        (["--model-id", "nobody/no-such-model"], "cannot be reached"),
+        (["--port", "abc"], "expected an integer"),
+    ]
+    for args, needle in cases:
+        proc = _run(args)
+        assert proc.returncode != 0
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and needle in lines[0], proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_serve_subprocess_embeds_hello() -> None:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vectorpress",
+            "serve",
+            "--hostname",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--json-output",
+        ],
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            try:
+                response = httpx.post(
+                    f"http://127.0.0.1:{port}/embed", json={"inputs": "hello"}, timeout=30
+                )
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "server did not open its port"
+                time.sleep(0.2)
+        assert response.status_code == 200
+        vectors = response.json()
+        assert len(vectors) == 1 and len(vectors[0]) == 384
+        assert abs(float(np.linalg.norm(vectors[0])) - 1.0) < 1e-5
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert proc.returncode == 0

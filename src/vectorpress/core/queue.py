@@ -6,6 +6,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 
+from vectorpress.errors import UnhealthyError
 from vectorpress.types import Entry
 
 
@@ -30,13 +31,17 @@ class BatchingQueue:
         self._entries: deque[Entry] = deque()
         self._cond = threading.Condition()
         self._closed = False
+        self._failed: BaseException | None = None
         self._on_dropped = on_dropped
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def put(self, entries: Iterable[Entry]) -> None:
+        """Queue entries; raises the worker's failure once it has died, so nobody waits."""
         with self._cond:
+            if self._failed is not None:
+                raise UnhealthyError()
             self._entries.extend(entries)
             self._cond.notify()
 
@@ -94,8 +99,9 @@ class BatchingQueue:
         return dropped
 
     def fail_all(self, exc: BaseException) -> None:
-        """Fail every waiting entry (the worker died)."""
+        """Fail every waiting entry and every later `put` (the worker died)."""
         with self._cond:
+            self._failed = exc
             entries = list(self._entries)
             self._entries.clear()
         for entry in entries:

@@ -57,19 +57,23 @@ class BackendWorker:
         self._thread.join(timeout)
 
     def _main(self) -> None:
+        entries: list[Entry] = []
         try:
             while True:
-                entries = self.queue.next_batch()
-                if entries is None:
+                batch = self.queue.next_batch()
+                if batch is None:
                     return
+                entries = batch
                 if entries:
                     self._run(entries)
-        except BaseException as exc:  # the loop itself failed: the model is unusable
+                entries = []
+        except BaseException:  # not a failed batch: the thread itself cannot go on
             log.exception("backend worker died")
             self.alive = False
+            # The batch in hand was already taken off the queue: fail it too, or its callers
+            # would wait forever.
+            _resolve(entries, [None] * len(entries), UnhealthyError())
             self.queue.fail_all(UnhealthyError())
-            if not isinstance(exc, Exception):
-                raise
         finally:
             self.alive = False
 

@@ -6,8 +6,10 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from vectorpress import __version__
+from vectorpress.api.disconnect import DisconnectMiddleware
 from vectorpress.api.errors import install_error_handlers
 from vectorpress.api.guards import GuardMiddleware
+from vectorpress.api.metrics_route import router as metrics_router
 from vectorpress.api.native.routes import health_router, router
 from vectorpress.api.state import AppState
 
@@ -26,8 +28,10 @@ def create_app(state: AppState) -> FastAPI:
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(health_router)
+    app.include_router(metrics_router)
     settings = state.settings
     # Middleware added last runs first: CORS answers preflights before the key is checked.
+    app.add_middleware(DisconnectMiddleware)
     app.add_middleware(
         GuardMiddleware, payload_limit=settings.payload_limit, api_key=settings.api_key
     )
@@ -38,4 +42,9 @@ def create_app(state: AppState) -> FastAPI:
         allow_methods=["GET", "POST"],
         allow_headers=["content-type", "authorization"],
     )
+    if state.infer.tracer is not None:
+        from vectorpress.observability.middleware import TracingMiddleware
+
+        # Outermost, so the request span covers every other layer and is current for all.
+        app.add_middleware(TracingMiddleware, tracer=state.infer.tracer)
     return app

@@ -1,0 +1,77 @@
+"""A test-only backend: a real backend with failures injected on demand."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from vectorpress.backends.base import Backend
+from vectorpress.backends.select import select_backend
+from vectorpress.model_spec import ModelSpec
+from vectorpress.settings import Settings
+from vectorpress.types import Batch, BatchOutput
+
+
+class WorkerKill(BaseException):
+    """Not an Exception: ends the worker thread itself, as a fatal runtime fault would."""
+
+
+class FaultyBackend:
+    """Delegates to a real backend; `fail_if`, `oom_above`, `kill_next` and `delay` inject faults.
+
+    Every batch it is asked to run is recorded (as lists of token ids) in `batches`.
+    """
+
+    def __init__(self, inner: Backend) -> None:
+        self.inner = inner
+        self.name = f"faulty-{inner.name}"
+        self.dtype = inner.dtype
+        self.device = inner.device
+        self.is_padded = inner.is_padded
+        self.max_batch_size = inner.max_batch_size
+        self.fail_if: Callable[[Batch], bool] | None = None
+        self.oom_above: int | None = None
+        self.kill_next = False
+        self.delay = 0.0
+        self.batches: list[list[list[int]]] = []
+        self.started = threading.Event()
+
+    def _inject(self, batch: Batch) -> None:
+        cu = batch.cu_seqlens
+        self.batches.append(
+            [batch.input_ids[cu[i] : cu[i + 1]].tolist() for i in range(batch.size)]
+        )
+        self.started.set()
+        if self.delay:
+            time.sleep(self.delay)
+        if self.kill_next:
+            self.kill_next = False
+            raise WorkerKill()
+        if self.fail_if is not None and self.fail_if(batch):
+            raise RuntimeError("injected fault")
+        if self.oom_above is not None and batch.size > self.oom_above:
+            raise RuntimeError("CUDA out of memory (simulated)")
+
+    def embed(self, batch: Batch) -> BatchOutput:
+        self._inject(batch)
+        return self.inner.embed(batch)
+
+    def predict(self, batch: Batch) -> BatchOutput:
+        self._inject(batch)
+        return self.inner.predict(batch)
+
+    def health(self) -> None:
+        self.inner.health()
+
+
+def faulty_factory() -> tuple[Callable[[ModelSpec, Settings], Backend], list[FaultyBackend]]:
+    """A backend factory for LiveServer, and a list that receives the backend it builds."""
+    made: list[FaultyBackend] = []
+
+    def make(spec: ModelSpec, settings: Settings) -> Backend:
+        backend = FaultyBackend(select_backend(spec, settings))
+        made.append(backend)
+        return backend
+
+    return make, made

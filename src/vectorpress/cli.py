@@ -16,7 +16,7 @@ from vectorpress.settings import Settings, default_tokenization_workers
 log = logging.getLogger("vectorpress")
 
 #: Flags that are parsed for compatibility but do nothing yet; start-up warns when one is set.
-NOT_YET_HONOURED = ("json_output", "disable_spans", "otlp_endpoint", "prometheus_port")
+NOT_YET_HONOURED: tuple[str, ...] = ()
 
 #: The name the bundled default model goes by, as on the Hub.
 BUNDLED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
@@ -117,6 +117,14 @@ _FLAGS: list[tuple[str, str, Callable[[str], Any] | type[bool] | None, Any, str]
     ),
     ("--backend", "BACKEND", None, "auto", "auto, torch, hf or onnx"),
     ("--device", "DEVICE", None, "auto", "auto, cpu or cuda"),
+    ("--grpc-port", "GRPC_PORT", _int, None, "Also serve TEI's gRPC API on this port"),
+    (
+        "--grpc-max-parallel-stream-requests",
+        "GRPC_MAX_PARALLEL_STREAM_REQUESTS",
+        _int,
+        1024,
+        "Most messages of one gRPC stream in flight",
+    ),
 ]
 
 
@@ -192,15 +200,17 @@ def settings_from_args(
         values["tokenization_workers"] = default_tokenization_workers()
     if values["hf_token"] is None and env.get("HF_API_TOKEN"):
         values["hf_token"] = env["HF_API_TOKEN"]
+    # TEI has no flag for this; the HF inference containers set TASK.
+    values["task"] = env.get("TASK") or None
     return Settings(**values)
 
 
 def configure_logging(settings: Settings) -> None:
-    level = os.environ.get("LOG_LEVEL", "info").upper()
-    logging.basicConfig(
-        level=getattr(logging, level, logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    """Plain or JSON lines on stdout (LOG_LEVEL sets the level); secrets never appear."""
+    from vectorpress.observability.logging import configure
+
+    configure(settings)
+    log.info("settings", extra={"settings": settings.redacted()})
 
 
 def warn_unhonoured(settings: Settings) -> None:

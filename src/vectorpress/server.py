@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import threading
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from vectorpress.core.tokenization import TokenizerPool
 from vectorpress.core.worker import BackendWorker
 from vectorpress.hub import resolve_model
 from vectorpress.model_spec import ModelSpec, load_model_spec
+from vectorpress.observability.tracing import Tracing
 from vectorpress.settings import Settings
 from vectorpress.types import Batch, Encoding, OutputKind
 
@@ -39,29 +41,31 @@ class Served:
     backend: Backend
     infer: Infer
     state: AppState
+    tracing: Tracing | None = None
 
     def close(self) -> None:
         self.infer.worker.stop()
         self.infer.tokenizers.close()
+        if self.tracing is not None:
+            self.tracing.shutdown()
 
 
 def build_pipeline(
     settings: Settings, spec: ModelSpec, backend: Backend, metrics: Metrics | None = None
 ) -> Infer:
     """Queue, worker, tokenizer pool and Infer around a loaded backend; the worker is started."""
-    metrics = metrics or Metrics(spec.max_input_length)
+    metrics = metrics or Metrics(spec.max_input_length, settings.model_name)
+    metrics.set_info(backend=backend.name, dtype=backend.dtype, device=backend.device)
     max_batch_requests = backend.max_batch_size or settings.max_batch_requests
     queue = BatchingQueue(
         settings.max_batch_tokens,
         max_batch_requests,
         backend.is_padded,
-        on_dropped=lambda n: metrics.inc("te_request_failure", n, err="dropped"),
+        on_dropped=lambda n: metrics.inc("vectorpress_dropped_inputs", n),
     )
 
-    def on_batch(batch: Batch, _elapsed: float) -> None:
-        metrics.observe("te_batch_next_size", batch.size)
-        metrics.observe("te_batch_next_tokens", batch.total_tokens)
-        metrics.set("te_queue_size", len(queue))
+    def on_batch(batch: Batch, elapsed: float, ok: bool) -> None:
+        metrics.record_batch(batch, elapsed, backend.is_padded, ok)
 
     run = backend.embed if spec.kind == "embedding" else backend.predict
     worker = BackendWorker(queue, run, on_batch)
@@ -125,6 +129,10 @@ def load(settings: Settings, make_backend: BackendFactory = select_backend) -> S
     backend = make_backend(spec, settings)
     warm_up(backend, spec, settings)
     infer = build_pipeline(settings, spec, backend)
+    tracing = Tracing.from_settings(settings)
+    if tracing is not None:
+        infer.tracer = tracing.tracer
+        log.info("tracing to %s as %s", tracing.endpoint, settings.otlp_service_name)
     state = AppState(infer, settings, backend.name, backend.dtype, backend.device)
     log.info(
         "model %s (%s, %s) on %s/%s backend=%s max_input_length=%d max_batch_tokens=%d "
@@ -140,7 +148,7 @@ def load(settings: Settings, make_backend: BackendFactory = select_backend) -> S
         infer.queue.max_batch_requests,
         settings.max_concurrent_requests,
     )
-    return Served(settings, spec, backend, infer, state)
+    return Served(settings, spec, backend, infer, state, tracing)
 
 
 class _Server(uvicorn.Server):
@@ -161,6 +169,20 @@ class _Server(uvicorn.Server):
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            host, port = self.servers[0].sockets[0].getsockname()[:2]
+            log.info("Ready: listening on http://%s:%d", host, port)
+
+
+class _MetricsServer(uvicorn.Server):
+    """The --prometheus-port listener; the main server owns the signals and stops it."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
 
 async def serve(served: Served) -> None:
     from vectorpress.api.app import create_app
@@ -177,9 +199,31 @@ async def serve(served: Served) -> None:
         timeout_graceful_shutdown=30,
     )
     server = _Server(config)
-    log.info("Ready: listening on http://%s:%d", settings.hostname, settings.port)
+    metrics_server: _MetricsServer | None = None
+    if settings.prometheus_port is not None:
+        from vectorpress.api.metrics_route import metrics_app
+
+        metrics_server = _MetricsServer(
+            uvicorn.Config(
+                metrics_app(served.infer.metrics),
+                host=settings.hostname,
+                port=settings.prometheus_port,
+                log_config=None,
+                access_log=False,
+                lifespan="off",
+            )
+        )
     try:
-        await server.serve()
+        if metrics_server is None:
+            await server.serve()
+        else:
+            metrics_task = asyncio.ensure_future(metrics_server.serve())
+            try:
+                await server.serve()
+            finally:
+                metrics_server.should_exit = True
+                await metrics_task
+            log.info("metrics listener on port %d closed", settings.prometheus_port)
     finally:
         served.close()
 

@@ -82,6 +82,13 @@ class Settings:
     """torch (native, packed), hf (transformers fallback), onnx, or auto."""
     device: str = "auto"
     """cpu, cuda, or auto (cuda when available)."""
+    task: str | None = None
+    """TASK (environment only, as TEI): `sentence-similarity` makes POST / and /invocations
+    answer as /similarity for embedding models."""
+    grpc_port: int | None = None
+    """Also serve TEI's gRPC API (tei.v1, health, reflection) on this port when given."""
+    grpc_max_parallel_stream_requests: int = 1024
+    """Most messages of one gRPC stream read and not yet answered."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -96,13 +103,18 @@ class Settings:
             "max-batch-tokens": self.max_batch_tokens,
             "max-client-batch-size": self.max_client_batch_size,
             "payload-limit": self.payload_limit,
+            "grpc-max-parallel-stream-requests": self.grpc_max_parallel_stream_requests,
         }
         if self.max_batch_requests is not None:
             positive["max-batch-requests"] = self.max_batch_requests
         for name, value in positive.items():
             if value <= 0:
                 raise StartupError(f"--{name} must be a positive integer, got {value}")
-        for name, port in (("port", self.port), ("prometheus-port", self.prometheus_port)):
+        for name, port in (
+            ("port", self.port),
+            ("prometheus-port", self.prometheus_port),
+            ("grpc-port", self.grpc_port),
+        ):
             if port is not None and not 0 <= port <= 65535:
                 raise StartupError(f"--{name} must be between 0 and 65535, got {port}")
         if self.dtype is not None and self.dtype not in DTYPES:

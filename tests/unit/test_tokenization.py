@@ -44,7 +44,7 @@ def test_prompts(pool: TokenizerPool) -> None:
     plain = encode(pool, ["hello"], truncate=True)[0]
     prompted = encode(pool, ["hello"], truncate=True, prompt_name="query")[0]
     assert len(prompted) == len(plain) + 2
-    with pytest.raises(ValidationError, match="Available prompts: query"):
+    with pytest.raises(ValidationError, match=r'Available prompts: \["query"\]'):
         encode(pool, ["hello"], truncate=True, prompt_name="passage")
 
 

@@ -11,6 +11,7 @@ from vectorpress.api.errors import install_error_handlers
 from vectorpress.api.guards import GuardMiddleware
 from vectorpress.api.metrics_route import router as metrics_router
 from vectorpress.api.native.routes import health_router, router
+from vectorpress.api.openai.routes import router as openai_router
 from vectorpress.api.state import AppState
 
 
@@ -27,6 +28,7 @@ def create_app(state: AppState) -> FastAPI:
     app.state.vp = state
     install_error_handlers(app)
     app.include_router(router)
+    app.include_router(openai_router)
     app.include_router(health_router)
     app.include_router(metrics_router)
     settings = state.settings

@@ -9,7 +9,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vectorpress.api.errors import error_body
 
-#: Routes open without a key, as in TEI.
+#: Routes whose GET is open without a key, as in TEI.
 PUBLIC_PATHS = frozenset(
     {"/health", "/", "/ping", "/metrics", "/docs", "/docs/oauth2-redirect", "/api-doc/openapi.json"}
 )
@@ -43,13 +43,16 @@ class GuardMiddleware:
             return
         path: str = scope["path"]
         headers = dict(scope["headers"])
-        if self.api_key is not None and path not in PUBLIC_PATHS and scope["method"] != "OPTIONS":
+        method: str = scope["method"]
+        # Only reads are public: POST / is the model's own route and needs the key.
+        public = method == "OPTIONS" or (method in ("GET", "HEAD") and path in PUBLIC_PATHS)
+        if self.api_key is not None and not public:
             given = headers.get(b"authorization", b"")
             expected = b"Bearer " + self.api_key
             if not hmac.compare_digest(given, expected):
                 await _reply(send, path, 401, "Unauthorized", "Unauthorized")
                 return
-        if scope["method"] == "POST":
+        if method == "POST":
             ctype = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
             if ctype != b"application/json" and not ctype.endswith(b"+json"):
                 await _reply(

@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import numpy as np
 
@@ -26,7 +26,11 @@ from vectorpress.errors import (
     VectorpressError,
 )
 from vectorpress.model_spec import ModelSpec
+from vectorpress.observability import tracing
 from vectorpress.types import Encoding, Entry, OutputKind, Timings, Truncation
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
 
 T = TypeVar("T")
 
@@ -73,6 +77,10 @@ class Infer:
         self.max_client_batch_size = max_client_batch_size
         self.auto_truncate = auto_truncate
         self.metrics = metrics or Metrics(spec.max_input_length)
+        self.metrics.gauge_callback("te_queue_size", lambda: len(queue))
+        self.tracer: Tracer | None = None
+        """Set when --otlp-endpoint is given; None means no span is ever created."""
+        self._probe: asyncio.Future[np.ndarray] | None = None
 
     # -- checks shared by every route ----------------------------------------------------------
 
@@ -118,23 +126,30 @@ class Infer:
         try:
             self.metrics.inc(f"te_{family}_count", n)
             started = time.perf_counter()
-            encodings = await encode()
+            if self.tracer is None:
+                encodings = await encode()
+            else:
+                with tracing.stage(self.tracer, "tokenization", inputs=n):
+                    encodings = await encode()
             tokenization = time.perf_counter() - started
             for enc in encodings:
                 self.metrics.observe("te_request_input_length", len(enc))
+                if enc.truncated:
+                    self.metrics.inc("vectorpress_truncated_inputs")
             loop = asyncio.get_running_loop()
             entries = [
                 Entry(enc, kind, loop.create_future(), loop, tokenization=tokenization)
                 for enc in encodings
             ]
             self.queue.put(entries)
-            self.metrics.set("te_queue_size", len(self.queue))
             try:
                 values = await asyncio.gather(*(e.future for e in entries))
             finally:
                 for entry in entries:
                     if not entry.future.done():
                         entry.future.cancel()
+            if self.tracer is not None:
+                tracing.record_batches(self.tracer, entries)
             timings = Timings(
                 tokenization=tokenization,
                 queue=sum(e.queue_time for e in entries) / n,
@@ -151,7 +166,15 @@ class Infer:
         finally:
             self.admission.release(n)
 
-    async def _request(self, n: int, call: Callable[[], Awaitable[Result[T]]]) -> Result[T]:
+    async def _request(
+        self, n: int, call: Callable[[], Awaitable[Result[T]]], operation: str
+    ) -> Result[T]:
+        if self.tracer is None:
+            return await self._counted(n, call)
+        with tracing.request_span(self.tracer, operation, n):
+            return await self._counted(n, call)
+
+    async def _counted(self, n: int, call: Callable[[], Awaitable[Result[T]]]) -> Result[T]:
         """Count a request and time it; failures are counted by their error kind."""
         method = "single" if n == 1 else "batch"
         self.metrics.inc("te_request_count", method=method)
@@ -216,7 +239,7 @@ class Infer:
                 vectors.append(postprocess.l2_normalize(v) if normalize else v)
             return self._result(vectors, run, self._chars(inputs))
 
-        return await self._request(len(inputs), call)
+        return await self._request(len(inputs), call, "embed")
 
     async def embed_sparse(
         self,
@@ -251,7 +274,7 @@ class Infer:
                 [postprocess.sparsify(v) for v in run.values], run, self._chars(inputs)
             )
 
-        return await self._request(len(inputs), call)
+        return await self._request(len(inputs), call, "embed_sparse")
 
     async def embed_all(
         self,
@@ -283,7 +306,7 @@ class Infer:
             )
             return self._result(run.values, run, self._chars(inputs))
 
-        return await self._request(len(inputs), call)
+        return await self._request(len(inputs), call, "embed_all")
 
     async def similarity(
         self,
@@ -349,7 +372,7 @@ class Infer:
             chars = sum(len(i) if isinstance(i, str) else len(i[0]) + len(i[1]) for i in inputs)
             return self._result(out, run, chars)
 
-        return await self._request(len(inputs), call)
+        return await self._request(len(inputs), call, "predict")
 
     async def rerank(
         self,
@@ -384,7 +407,7 @@ class Infer:
             chars = len(query) * len(texts) + sum(len(t) for t in texts)
             return self._result(ranked, run, chars)
 
-        return await self._request(len(texts), call)
+        return await self._request(len(texts), call, "rerank")
 
     # -- tokenizer routes ----------------------------------------------------------------------
 
@@ -414,12 +437,19 @@ class Infer:
             return False
         if self.worker.last_batch_ok:
             return True
-        loop = asyncio.get_running_loop()
-        probe = Encoding(ids=[0], type_ids=[0], position_offset=self.spec.position_offset)
-        entry = Entry(probe, OutputKind.POOLED, loop.create_future(), loop)
-        self.queue.put([entry])
+        # Concurrent checks share one probe, so a flood of health checks against a failing
+        # backend queues one forward pass, not one each.
+        if self._probe is None or self._probe.done():
+            loop = asyncio.get_running_loop()
+            probe = Encoding(ids=[0], type_ids=[0], position_offset=self.spec.position_offset)
+            entry = Entry(probe, OutputKind.POOLED, loop.create_future(), loop)
+            try:
+                self.queue.put([entry])
+            except VectorpressError:
+                return False
+            self._probe = entry.future
         try:
-            await asyncio.wait_for(entry.future, timeout)
+            await asyncio.wait_for(asyncio.shield(self._probe), timeout)
         except (VectorpressError, asyncio.TimeoutError):
             return False
         return True

@@ -3,6 +3,14 @@
 TEI renders counters without the `_total` suffix that prometheus_client would add, and Grafana
 dashboards built for TEI query those exact names, so this module keeps its own small registry
 and writes the text exposition format itself.
+
+Unlike TEI, every unlabelled metric (and every known label value) is exported from the start
+with zero values: a dashboard's `rate()` needs a first sample, and TEI's empty /metrics before
+the first request is a standing complaint of its users (issue #520).
+
+Beyond TEI, a few `vectorpress_*` metrics say where the time and the compute go: padding
+efficiency of each batch, tokens per second per model, truncated and dropped inputs, and an
+info metric whose labels name the backend, dtype and device.
 """
 
 from __future__ import annotations
@@ -10,9 +18,42 @@ from __future__ import annotations
 import bisect
 import math
 import threading
+import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-_DURATION_BUCKETS = tuple(1.5e-5 * 1.5**i for i in range(35))
+from vectorpress.types import Batch
+
+
+def _duration_buckets() -> tuple[float, ...]:
+    # The same float sequence as TEI's router (start at 1e-5, multiply by 1.5 before each
+    # push), so `le` labels match TEI's to the last digit.
+    out = []
+    value = 0.00001
+    for _ in range(35):
+        value *= 1.5
+        out.append(value)
+    return tuple(out)
+
+
+_DURATION_BUCKETS = _duration_buckets()
+_EFFICIENCY_BUCKETS = tuple(i / 20 for i in range(1, 21))
+
+#: Label values exported at zero from the start.
+REQUEST_METHODS = ("single", "batch")
+FAILURE_KINDS = (
+    "batch_size",
+    "validation",
+    "tokenization",
+    "overloaded",
+    "model_type",
+    "inference",
+    "dropped",
+)
+
+#: How far back `vectorpress_tokens_per_second` looks.
+THROUGHPUT_WINDOW_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -23,77 +64,43 @@ class MetricDef:
     buckets: tuple[float, ...] = ()
 
 
-def _defs(max_input_length: int) -> dict[str, MetricDef]:
+def _stage_defs(prefix: str, per: str) -> list[MetricDef]:
+    return [
+        MetricDef(
+            f"{prefix}_duration", "histogram", f"Total duration {per} (s)", _DURATION_BUCKETS
+        ),
+        MetricDef(
+            f"{prefix}_tokenization_duration",
+            "histogram",
+            f"Tokenization duration {per} (s)",
+            _DURATION_BUCKETS,
+        ),
+        MetricDef(
+            f"{prefix}_queue_duration", "histogram", f"Queue duration {per} (s)", _DURATION_BUCKETS
+        ),
+        MetricDef(
+            f"{prefix}_inference_duration",
+            "histogram",
+            f"Inference duration {per} (s)",
+            _DURATION_BUCKETS,
+        ),
+    ]
+
+
+def tei_defs(max_input_length: int) -> dict[str, MetricDef]:
+    """TEI's metrics (spec section 4), with its buckets."""
     length_buckets = tuple(float(2**i) for i in range(20) if 2**i <= max(1, max_input_length))
     items = [
         MetricDef("te_request_count", "counter", "API requests, by method (single or batch)"),
         MetricDef("te_request_success", "counter", "Successful API requests, by method"),
         MetricDef("te_request_failure", "counter", "Failed API requests, by error kind"),
-        MetricDef("te_request_duration", "histogram", "Request duration (s)", _DURATION_BUCKETS),
-        MetricDef(
-            "te_request_tokenization_duration",
-            "histogram",
-            "Request tokenization duration (s, mean over inputs)",
-            _DURATION_BUCKETS,
-        ),
-        MetricDef(
-            "te_request_queue_duration",
-            "histogram",
-            "Request queue duration (s, mean over inputs)",
-            _DURATION_BUCKETS,
-        ),
-        MetricDef(
-            "te_request_inference_duration",
-            "histogram",
-            "Request inference duration (s, mean over inputs)",
-            _DURATION_BUCKETS,
-        ),
+        *_stage_defs("te_request", "per request (mean over inputs)"),
         MetricDef("te_embed_count", "counter", "Inputs entering the embed pipeline"),
         MetricDef("te_embed_success", "counter", "Inputs embedded successfully"),
-        MetricDef(
-            "te_embed_duration", "histogram", "Embed duration per input (s)", _DURATION_BUCKETS
-        ),
-        MetricDef(
-            "te_embed_tokenization_duration",
-            "histogram",
-            "Embed tokenization duration per input (s)",
-            _DURATION_BUCKETS,
-        ),
-        MetricDef(
-            "te_embed_queue_duration",
-            "histogram",
-            "Embed queue duration per input (s)",
-            _DURATION_BUCKETS,
-        ),
-        MetricDef(
-            "te_embed_inference_duration",
-            "histogram",
-            "Embed inference duration per input (s)",
-            _DURATION_BUCKETS,
-        ),
+        *_stage_defs("te_embed", "per embed input"),
         MetricDef("te_predict_count", "counter", "Inputs entering the predict pipeline"),
         MetricDef("te_predict_success", "counter", "Inputs predicted successfully"),
-        MetricDef(
-            "te_predict_duration", "histogram", "Predict duration per input (s)", _DURATION_BUCKETS
-        ),
-        MetricDef(
-            "te_predict_tokenization_duration",
-            "histogram",
-            "Predict tokenization duration per input (s)",
-            _DURATION_BUCKETS,
-        ),
-        MetricDef(
-            "te_predict_queue_duration",
-            "histogram",
-            "Predict queue duration per input (s)",
-            _DURATION_BUCKETS,
-        ),
-        MetricDef(
-            "te_predict_inference_duration",
-            "histogram",
-            "Predict inference duration per input (s)",
-            _DURATION_BUCKETS,
-        ),
+        *_stage_defs("te_predict", "per predict input"),
         MetricDef(
             "te_request_input_length", "histogram", "Tokens per encoded input", length_buckets
         ),
@@ -110,6 +117,45 @@ def _defs(max_input_length: int) -> dict[str, MetricDef]:
             tuple(float(2**i) for i in range(21)),
         ),
         MetricDef("te_queue_size", "gauge", "Entries waiting in the queue"),
+    ]
+    return {d.name: d for d in items}
+
+
+def extra_defs() -> dict[str, MetricDef]:
+    """What vectorpress reports beyond TEI."""
+    items = [
+        MetricDef(
+            "vectorpress_info",
+            "gauge",
+            "Always 1; the labels name the served model, backend, dtype and device",
+        ),
+        MetricDef(
+            "vectorpress_batch_padding_efficiency",
+            "histogram",
+            "Real tokens / computed tokens per batch (1.0 for packed backends)",
+            _EFFICIENCY_BUCKETS,
+        ),
+        MetricDef("vectorpress_batch_real_tokens", "counter", "Real tokens of all batches run"),
+        MetricDef(
+            "vectorpress_batch_computed_tokens",
+            "counter",
+            "Tokens computed for all batches run, padding included",
+        ),
+        MetricDef("vectorpress_tokens", "counter", "Tokens run through the model, by model"),
+        MetricDef(
+            "vectorpress_tokens_per_second",
+            "gauge",
+            f"Tokens run through the model per second over the last {THROUGHPUT_WINDOW_S:g} s",
+        ),
+        MetricDef("vectorpress_batch_failures", "counter", "Batches whose forward pass failed"),
+        MetricDef(
+            "vectorpress_truncated_inputs", "counter", "Inputs cut to the model's input limit"
+        ),
+        MetricDef(
+            "vectorpress_dropped_inputs",
+            "counter",
+            "Inputs dropped from the queue because their caller had gone",
+        ),
     ]
     return {d.name: d for d in items}
 
@@ -135,32 +181,62 @@ class _Histogram:
         self.count += 1
 
 
-class Metrics:
-    """A thread-safe registry; metrics appear in the output once first recorded, as in TEI."""
+def _key(labels: dict[str, str]) -> Labels:
+    return tuple(sorted(labels.items()))
 
-    def __init__(self, max_input_length: int = 512) -> None:
-        self.defs = _defs(max_input_length)
+
+class Metrics:
+    """A thread-safe registry of counters, gauges and histograms, rendered as Prometheus text."""
+
+    def __init__(self, max_input_length: int = 512, model: str = "") -> None:
+        self.defs = {**tei_defs(max_input_length), **extra_defs()}
+        self.model = model
         self._lock = threading.Lock()
         self._values: dict[str, dict[Labels, float]] = {}
         self._histograms: dict[str, dict[Labels, _Histogram]] = {}
+        self._gauges: dict[str, tuple[Labels, Callable[[], float]]] = {}
+        self._recent: deque[tuple[float, int]] = deque()
+        self._initialise()
+
+    def _initialise(self) -> None:
+        for metric in self.defs.values():
+            if metric.kind == "histogram":
+                self._histograms[metric.name] = {(): _Histogram(metric.buckets)}
+            elif metric.name != "vectorpress_info":
+                self._values[metric.name] = {(): 0.0}
+        for name in ("te_request_count", "te_request_success"):
+            self._values[name] = {_key({"method": m}): 0.0 for m in REQUEST_METHODS}
+        self._values["te_request_failure"] = {_key({"err": e}): 0.0 for e in FAILURE_KINDS}
+        for name in ("vectorpress_tokens", "vectorpress_tokens_per_second"):
+            self._values[name] = {_key({"model": self.model}): 0.0}
+        self.gauge_callback(
+            "vectorpress_tokens_per_second", self._tokens_per_second, model=self.model
+        )
 
     def define(self, metric: MetricDef) -> None:
-        """Add a metric beyond TEI's set."""
+        """Add a metric beyond the built-in set."""
         self.defs[metric.name] = metric
 
+    def gauge_callback(self, name: str, read: Callable[[], float], **labels: str) -> None:
+        """Read this gauge (one series) at scrape time instead of storing it."""
+        self._gauges[name] = (_key(labels), read)
+
+    def set_info(self, **labels: str) -> None:
+        self.set("vectorpress_info", 1.0, model=self.model, **labels)
+
     def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
-        key = tuple(sorted(labels.items()))
+        key = _key(labels)
         with self._lock:
             series = self._values.setdefault(name, {})
             series[key] = series.get(key, 0.0) + value
 
     def set(self, name: str, value: float, **labels: str) -> None:
-        key = tuple(sorted(labels.items()))
+        key = _key(labels)
         with self._lock:
             self._values.setdefault(name, {})[key] = value
 
     def observe(self, name: str, value: float, **labels: str) -> None:
-        key = tuple(sorted(labels.items()))
+        key = _key(labels)
         with self._lock:
             series = self._histograms.setdefault(name, {})
             hist = series.get(key)
@@ -170,14 +246,50 @@ class Metrics:
 
     def value(self, name: str, **labels: str) -> float:
         """The current value of a counter or gauge series (0 when never recorded)."""
-        key = tuple(sorted(labels.items()))
+        key = _key(labels)
+        gauge = self._gauges.get(name)
+        if gauge is not None and gauge[0] == key:
+            return float(gauge[1]())
         with self._lock:
             return self._values.get(name, {}).get(key, 0.0)
 
+    # -- what the pipeline reports -------------------------------------------------------------
+
+    def record_batch(self, batch: Batch, elapsed: float, padded: bool, ok: bool) -> None:
+        """One formed batch: TEI's size and token histograms, then the extras."""
+        tokens = batch.total_tokens
+        self.observe("te_batch_next_size", batch.size)
+        self.observe("te_batch_next_tokens", tokens)
+        if not ok:
+            self.inc("vectorpress_batch_failures")
+            return
+        computed = batch.max_seqlen * batch.size if padded else tokens
+        self.observe("vectorpress_batch_padding_efficiency", tokens / computed if computed else 1.0)
+        self.inc("vectorpress_batch_real_tokens", tokens)
+        self.inc("vectorpress_batch_computed_tokens", computed)
+        self.inc("vectorpress_tokens", tokens, model=self.model)
+        now = time.monotonic()
+        with self._lock:
+            self._recent.append((now, tokens))
+
+    def _tokens_per_second(self) -> float:
+        now = time.monotonic()
+        with self._lock:
+            while self._recent and self._recent[0][0] < now - THROUGHPUT_WINDOW_S:
+                self._recent.popleft()
+            total = sum(n for _, n in self._recent)
+        return total / THROUGHPUT_WINDOW_S
+
+    # -- exposition ----------------------------------------------------------------------------
+
     def render(self) -> str:
         """Prometheus text exposition format 0.0.4."""
+        # Read outside the lock: a callback may take it (tokens per second does).
+        gauges = {name: (key, float(read())) for name, (key, read) in self._gauges.items()}
         lines: list[str] = []
         with self._lock:
+            for name, (key, value) in gauges.items():
+                self._values[name] = {key: value}
             for name in sorted(set(self._values) | set(self._histograms)):
                 metric = self.defs[name]
                 lines.append(f"# HELP {name} {metric.help}")
@@ -200,19 +312,39 @@ class Metrics:
         return "\n".join(lines) + ("\n" if lines else "")
 
 
+#: The content type of `render()`'s output.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
 def _fmt(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
     if value == int(value) and abs(value) < 1e15:
         return str(int(value))
-    return repr(float(value))
+    text = repr(float(value))
+    if "e" not in text:
+        return text
+    # Positional notation, as TEI's exporter writes bucket bounds (1.5e-05 -> 0.000015).
+    mantissa, exp = text.split("e")
+    digits = mantissa.replace("-", "").replace(".", "")
+    point = mantissa.lstrip("-").find(".") if "." in mantissa else len(mantissa.lstrip("-"))
+    point += int(exp)
+    sign = "-" if value < 0 else ""
+    if point <= 0:
+        return f"{sign}0.{'0' * -point}{digits}"
+    if point >= len(digits):
+        return f"{sign}{digits}{'0' * (point - len(digits))}"
+    return f"{sign}{digits[:point]}.{digits[point:]}"
 
 
 def _labels(labels: Labels) -> str:
     if not labels:
         return ""
-    inner = ",".join(
-        f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
-        for k, v in labels
-    )
+    inner = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
     return "{" + inner + "}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

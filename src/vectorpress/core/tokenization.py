@@ -113,10 +113,11 @@ class TokenizerPool:
         if prompt_name is None:
             return self.default_prompt
         if prompt_name not in self.prompts:
-            available = ", ".join(sorted(self.prompts)) or "none"
+            # The list is written as TEI writes it; clients (tei-client) parse it from here.
+            available = ", ".join(f'"{name}"' for name in sorted(self.prompts))
             raise ValidationError(
                 f"Input validation error: prompt `{prompt_name}` was not found in the "
-                f"Sentence Transformers prompts. Available prompts: {available}"
+                f"Sentence Transformers prompts. Available prompts: [{available}]"
             )
         return self.prompts[prompt_name]
 

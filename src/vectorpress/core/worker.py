@@ -38,7 +38,7 @@ class BackendWorker:
         self,
         queue: BatchingQueue,
         run_batch: BatchFn,
-        on_batch: Callable[[Batch, float], None] | None = None,
+        on_batch: Callable[[Batch, float, bool], None] | None = None,
     ) -> None:
         self.queue = queue
         self.run_batch = run_batch
@@ -84,6 +84,8 @@ class BackendWorker:
             output = self._forward(batch)
         except Exception as exc:
             self.last_batch_ok = False
+            if self.on_batch is not None:
+                self.on_batch(batch, time.perf_counter() - started, False)
             log.error("forward pass failed for a batch of %d inputs: %s", batch.size, exc)
             message = exc.message if isinstance(exc, VectorpressError) else str(exc)
             error = BackendError(f"Backend error: {message}")
@@ -92,7 +94,7 @@ class BackendWorker:
         self.last_batch_ok = True
         elapsed = time.perf_counter() - started
         if self.on_batch is not None:
-            self.on_batch(batch, elapsed)
+            self.on_batch(batch, elapsed, True)
         values: list[Any] = [None] * len(entries)
         if output.pooled is not None:
             for row, index in enumerate(batch.pooled_indices):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
+from vectorpress.core.tokenization import PairInput
+from vectorpress.errors import ValidationError
 from vectorpress.types import Truncation
 
 TokenId = Annotated[StrictInt, Field(ge=0, le=2**32 - 1)]
@@ -14,6 +16,8 @@ InputItem = StrictStr | list[TokenId]
 #: A single input (tried first, so a flat id list is one input) or a batch of them.
 Input = StrictStr | list[TokenId] | list[InputItem]
 Direction = Literal["Left", "left", "Right", "right"]
+#: "text", ["text"], ["query", "passage"], or a batch [["text"], ["query", "passage"], ...].
+PredictInput = StrictStr | list[StrictStr] | list[list[StrictStr]]
 
 
 def to_truncation(direction: str) -> Truncation:
@@ -29,6 +33,32 @@ def as_batch(inputs: Input) -> tuple[list[str | list[int]], bool]:
     return list(inputs), True  # type: ignore[arg-type]
 
 
+def _sequence(items: list[str]) -> PairInput:
+    if len(items) == 1:
+        return items[0]
+    if len(items) == 2:
+        return (items[0], items[1])
+    raise ValidationError(
+        "Failed to deserialize the JSON body into the target type: inputs: a sequence has "
+        f"{len(items)} texts; give one text or a pair of two"
+    )
+
+
+def predict_batch(inputs: PredictInput) -> tuple[list[PairInput], bool]:
+    """The texts and pairs to score, and whether the request gave a batch.
+
+    As in TEI, a flat list of one or two strings is one input (a text or a pair) and a list of
+    lists is a batch.
+    """
+    if isinstance(inputs, str):
+        return [inputs], False
+    if not inputs:
+        return [], True
+    if all(isinstance(i, str) for i in inputs):
+        return [_sequence(inputs)], False  # type: ignore[arg-type]
+    return [_sequence(i) for i in inputs], True  # type: ignore[arg-type]
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -40,3 +70,61 @@ class EmbedRequest(_Body):
     prompt_name: StrictStr | None = None
     normalize: StrictBool = True
     dimensions: StrictInt | None = None
+
+
+class EmbedAllRequest(_Body):
+    inputs: Input
+    truncate: StrictBool | None = None
+    truncation_direction: Direction = "Right"
+    prompt_name: StrictStr | None = None
+
+
+class EmbedSparseRequest(EmbedAllRequest):
+    pass
+
+
+class SimilarityInput(_Body):
+    source_sentence: StrictStr
+    sentences: list[StrictStr]
+
+
+class SimilarityParameters(_Body):
+    truncate: StrictBool | None = None
+    truncation_direction: Direction = "Right"
+    prompt_name: StrictStr | None = None
+
+
+class SimilarityRequest(_Body):
+    inputs: SimilarityInput
+    parameters: SimilarityParameters | None = None
+
+
+class PredictRequest(_Body):
+    inputs: PredictInput
+    truncate: StrictBool | None = None
+    truncation_direction: Direction = "Right"
+    raw_scores: StrictBool = False
+
+
+class RerankRequest(_Body):
+    query: StrictStr
+    texts: list[StrictStr]
+    truncate: StrictBool | None = None
+    truncation_direction: Direction = "Right"
+    raw_scores: StrictBool = False
+    return_text: StrictBool = False
+
+
+class TokenizeRequest(_Body):
+    inputs: StrictStr | list[StrictStr]
+    add_special_tokens: StrictBool = True
+    prompt_name: StrictStr | None = None
+
+
+class DecodeRequest(_Body):
+    ids: list[TokenId] | list[list[TokenId]]
+    skip_special_tokens: StrictBool = True
+
+
+class VertexRequest(_Body):
+    instances: list[dict[str, Any]]

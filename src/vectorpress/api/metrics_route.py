@@ -1,0 +1,37 @@
+"""GET /metrics, and the same page on its own listener when --prometheus-port is given."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.applications import Starlette
+from starlette.responses import Response
+from starlette.routing import Route
+
+from vectorpress.api.state import get_state
+from vectorpress.core.metrics import CONTENT_TYPE, Metrics
+
+router = APIRouter()
+
+
+def _page(metrics: Metrics) -> Response:
+    return Response(metrics.render(), headers={"content-type": CONTENT_TYPE})
+
+
+@router.get(
+    "/metrics",
+    tags=["Text Embeddings Inference"],
+    summary="Prometheus metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {}}}},
+)
+async def metrics(request: Request) -> Response:
+    return _page(get_state(request).infer.metrics)
+
+
+def metrics_app(metrics: Metrics) -> Starlette:
+    """The separate listener: Prometheus text on every GET path, as TEI's exporter answers."""
+
+    async def page(_request: Request) -> Response:
+        return _page(metrics)
+
+    return Starlette(routes=[Route("/{path:path}", page, methods=["GET"])])

@@ -1,0 +1,72 @@
+"""/predict and /rerank."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from vectorpress.api.headers import timing_headers
+from vectorpress.api.native.common import json_response
+from vectorpress.api.native.schemas import (
+    PredictRequest,
+    RerankRequest,
+    predict_batch,
+    to_truncation,
+)
+from vectorpress.api.state import AppState, get_state
+from vectorpress.core.infer import Result
+
+router = APIRouter(tags=["Text Embeddings Inference"])
+
+
+async def run_predict(state: AppState, body: PredictRequest) -> tuple[Any, Result[Any]]:
+    inputs, is_batch = predict_batch(body.inputs)
+    result = await state.infer.predict(
+        inputs,
+        truncate=body.truncate,
+        direction=to_truncation(body.truncation_direction),
+        raw_scores=body.raw_scores,
+    )
+    # float32 scalars serialize with float32's shortest digits, as TEI's f32 scores do.
+    payload = [
+        [{"score": np.float32(s), "label": label} for label, s in one] for one in result.values
+    ]
+    return (payload if is_batch else payload[0]), result
+
+
+async def run_rerank(state: AppState, body: RerankRequest) -> tuple[Any, Result[Any]]:
+    result = await state.infer.rerank(
+        body.query,
+        body.texts,
+        truncate=body.truncate,
+        direction=to_truncation(body.truncation_direction),
+        raw_scores=body.raw_scores,
+    )
+    if body.return_text:
+        payload = [
+            {"index": i, "text": body.texts[i], "score": np.float32(s)} for i, s in result.values
+        ]
+    else:
+        payload = [{"index": i, "score": np.float32(s)} for i, s in result.values]
+    return payload, result
+
+
+@router.post(
+    "/predict",
+    summary="Classify texts or pairs; scores per label, best first "
+    "(sigmoid for one label, softmax otherwise)",
+)
+async def predict(body: PredictRequest, request: Request) -> Response:
+    payload, result = await run_predict(get_state(request), body)
+    return json_response(payload, timing_headers(result))
+
+
+@router.post(
+    "/rerank", summary="Score (query, text) pairs with a cross-encoder; best first, ties by index"
+)
+async def rerank(body: RerankRequest, request: Request) -> Response:
+    payload, result = await run_rerank(get_state(request), body)
+    return json_response(payload, timing_headers(result))

@@ -1,0 +1,99 @@
+"""/embed, /embed_all, /embed_sparse and /similarity."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from vectorpress.api.headers import timing_headers
+from vectorpress.api.native.common import json_response
+from vectorpress.api.native.schemas import (
+    EmbedAllRequest,
+    EmbedRequest,
+    EmbedSparseRequest,
+    SimilarityRequest,
+    as_batch,
+    to_truncation,
+)
+from vectorpress.api.state import AppState, get_state
+from vectorpress.core.infer import Result
+
+router = APIRouter(tags=["Text Embeddings Inference"])
+
+
+async def run_embed(state: AppState, body: EmbedRequest) -> tuple[Any, Result[Any]]:
+    inputs, _ = as_batch(body.inputs)
+    result = await state.infer.embed(
+        inputs,
+        truncate=body.truncate,
+        direction=to_truncation(body.truncation_direction),
+        prompt_name=body.prompt_name,
+        normalize=body.normalize,
+        dimensions=body.dimensions,
+    )
+    return result.values, result
+
+
+async def run_embed_all(state: AppState, body: EmbedAllRequest) -> tuple[Any, Result[Any]]:
+    inputs, _ = as_batch(body.inputs)
+    result = await state.infer.embed_all(
+        inputs,
+        truncate=body.truncate,
+        direction=to_truncation(body.truncation_direction),
+        prompt_name=body.prompt_name,
+    )
+    return result.values, result
+
+
+async def run_embed_sparse(state: AppState, body: EmbedSparseRequest) -> tuple[Any, Result[Any]]:
+    inputs, _ = as_batch(body.inputs)
+    result = await state.infer.embed_sparse(
+        inputs,
+        truncate=body.truncate,
+        direction=to_truncation(body.truncation_direction),
+        prompt_name=body.prompt_name,
+    )
+    payload = [
+        [{"index": int(i), "value": float(v)} for i, v in zip(idx, val, strict=True)]
+        for idx, val in result.values
+    ]
+    return payload, result
+
+
+async def run_similarity(state: AppState, body: SimilarityRequest) -> tuple[Any, Result[Any]]:
+    params = body.parameters
+    result = await state.infer.similarity(
+        body.inputs.source_sentence,
+        body.inputs.sentences,
+        truncate=params.truncate if params else None,
+        direction=to_truncation(params.truncation_direction if params else "Right"),
+        prompt_name=params.prompt_name if params else None,
+    )
+    return [np.float32(v) for v in result.values], result
+
+
+@router.post("/embed", summary="Pooled embeddings, one vector per input (normalized by default)")
+async def embed(body: EmbedRequest, request: Request) -> Response:
+    payload, result = await run_embed(get_state(request), body)
+    return json_response(payload, timing_headers(result))
+
+
+@router.post("/embed_all", summary="The last hidden state of every token of every input")
+async def embed_all(body: EmbedAllRequest, request: Request) -> Response:
+    payload, result = await run_embed_all(get_state(request), body)
+    return json_response(payload, timing_headers(result))
+
+
+@router.post("/embed_sparse", summary="SPLADE sparse embeddings: the non-zero (index, value)s")
+async def embed_sparse(body: EmbedSparseRequest, request: Request) -> Response:
+    payload, result = await run_embed_sparse(get_state(request), body)
+    return json_response(payload, timing_headers(result))
+
+
+@router.post("/similarity", summary="Cosine similarity of each sentence with a source sentence")
+async def similarity(body: SimilarityRequest, request: Request) -> Response:
+    payload, result = await run_similarity(get_state(request), body)
+    return json_response(payload, timing_headers(result))

@@ -1,0 +1,33 @@
+"""/info and the health routes."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from vectorpress.api.native.common import json_response
+from vectorpress.api.state import get_state
+from vectorpress.errors import UnhealthyError
+
+router = APIRouter(tags=["Text Embeddings Inference"])
+#: Routes open without the API key.
+public_router = APIRouter(tags=["Text Embeddings Inference"])
+
+
+@router.get("/info", summary="Model and server info")
+async def info(request: Request) -> Response:
+    return json_response(get_state(request).info())
+
+
+async def _health(request: Request) -> Response:
+    if await get_state(request).infer.health():
+        return Response(status_code=200)
+    err = UnhealthyError()
+    return json_response(err.to_json(), status_code=err.http_status)
+
+
+public_router.add_api_route(
+    "/health", _health, methods=["GET"], summary="Health check: 200 when the backend answers"
+)
+public_router.add_api_route("/", _health, methods=["GET"], include_in_schema=False)
+public_router.add_api_route("/ping", _health, methods=["GET"], include_in_schema=False)

@@ -1,0 +1,1 @@
+"""OpenAI's embeddings dialect."""

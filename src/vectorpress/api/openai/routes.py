@@ -1,0 +1,55 @@
+"""POST /v1/embeddings and /embeddings. Errors use OpenAI's shape (see api/errors.py)."""
+
+from __future__ import annotations
+
+import base64
+import logging
+
+import numpy as np
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from vectorpress.api.headers import timing_headers
+from vectorpress.api.native.common import json_response
+from vectorpress.api.native.schemas import as_batch
+from vectorpress.api.openai.schemas import EmbeddingsRequest
+from vectorpress.api.state import get_state
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(tags=["OpenAI"])
+
+
+def _b64(vector: np.ndarray) -> str:
+    """Standard base64 of the little-endian float32 bytes, what OpenAI's clients decode."""
+    return base64.b64encode(vector.astype("<f4", copy=False).tobytes()).decode("ascii")
+
+
+async def embeddings(body: EmbeddingsRequest, request: Request) -> Response:
+    state = get_state(request)
+    name = state.settings.model_name
+    if body.model is not None and body.model != name:
+        log.warning("request asks for model %r; serving %r", body.model, name)
+    inputs, _ = as_batch(body.input)
+    # No per-request truncation here: OpenAI's API has none, so --auto-truncate decides.
+    result = await state.infer.embed(inputs, dimensions=body.dimensions)
+    encode = _b64 if body.encoding_format == "base64" else (lambda v: v)
+    payload = {
+        "object": "list",
+        "data": [
+            {"object": "embedding", "embedding": encode(v), "index": i}
+            for i, v in enumerate(result.values)
+        ],
+        "model": name,
+        "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens},
+    }
+    return json_response(payload, timing_headers(result))
+
+
+router.add_api_route(
+    "/v1/embeddings",
+    embeddings,
+    methods=["POST"],
+    summary="OpenAI-compatible embeddings (float or base64)",
+)
+router.add_api_route("/embeddings", embeddings, methods=["POST"], summary="Alias of /v1/embeddings")

@@ -1,0 +1,19 @@
+"""OpenAI's embeddings request. Unknown fields are ignored."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr
+
+from vectorpress.api.native.schemas import Input
+
+
+class EmbeddingsRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    input: Input
+    model: StrictStr | None = None
+    user: StrictStr | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: StrictInt | None = None

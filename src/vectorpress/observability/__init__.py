@@ -1,0 +1,1 @@
+"""Traces (OpenTelemetry over OTLP/gRPC), structured logs and the metrics listener."""

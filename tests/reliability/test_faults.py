@@ -38,8 +38,11 @@ def test_exception_fails_only_its_batch(faulty: tuple[LiveServer, FaultyBackend]
     async def mixed() -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=60) as client:
             texts = ["fine one", "poison here", "fine two", "fine three"]
-            return list(await asyncio.gather(
-                *(client.post(f"{srv.url}/embed", json={"inputs": t}) for t in texts)))
+            return list(
+                await asyncio.gather(
+                    *(client.post(f"{srv.url}/embed", json={"inputs": t}) for t in texts)
+                )
+            )
 
     responses = asyncio.run(mixed())
     assert [r.status_code for r in responses] == [200, 424, 200, 200]
@@ -75,8 +78,11 @@ def test_out_of_memory_splits_the_batch_before_failing(minilm: Path) -> None:
         async def burst() -> list[int]:
             async with httpx.AsyncClient(timeout=60) as client:
                 responses = await asyncio.gather(
-                    *(client.post(f"{srv.url}/embed", json={"inputs": f"text number {i}"})
-                      for i in range(12)))
+                    *(
+                        client.post(f"{srv.url}/embed", json={"inputs": f"text number {i}"})
+                        for i in range(12)
+                    )
+                )
             return [r.status_code for r in responses]
 
         assert asyncio.run(burst()) == [200] * 12
@@ -95,10 +101,12 @@ def test_input_of_a_gone_client_is_dropped_before_the_forward_pass(
     async def scenario() -> int:
         async with httpx.AsyncClient(timeout=60) as client:
             busy = asyncio.ensure_future(
-                client.post(f"{srv.url}/embed", json={"inputs": "keeps the worker busy"}))
+                client.post(f"{srv.url}/embed", json={"inputs": "keeps the worker busy"})
+            )
             await asyncio.sleep(0.3)
             gone = asyncio.ensure_future(
-                client.post(f"{srv.url}/embed", json={"inputs": "poison never computed"}))
+                client.post(f"{srv.url}/embed", json={"inputs": "poison never computed"})
+            )
             await asyncio.sleep(0.3)
             gone.cancel()  # the client goes away while its input waits in the queue
             return (await busy).status_code

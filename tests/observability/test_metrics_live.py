@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -160,7 +161,7 @@ def test_bucket_bounds_are_teis() -> None:
     defs = tei_defs(512)
     bounds = defs["te_request_duration"].buckets
     assert len(bounds) == 35 and np.isclose(bounds[0], 1.5e-5)
-    assert all(np.isclose(b / a, 1.5) for a, b in zip(bounds, bounds[1:], strict=False))
+    assert all(np.isclose(b / a, 1.5) for a, b in itertools.pairwise(bounds))
     assert defs["te_request_input_length"].buckets[-1] == 512
     assert defs["te_batch_next_size"].buckets[-1] == 4096
     assert defs["te_batch_next_tokens"].buckets[-1] == 2**20

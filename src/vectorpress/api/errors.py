@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -9,6 +11,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from vectorpress.errors import VectorpressError
+
+log = logging.getLogger(__name__)
 
 #: Routes whose errors use OpenAI's error shape instead of TEI's.
 OPENAI_PATHS = ("/v1/embeddings", "/embeddings")
@@ -52,6 +56,12 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(
             request.url.path, exc.message, exc.error_type, exc.http_status, headers
         )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        # A bug must not answer in plain text or leak a traceback; the log has the details.
+        log.exception("unexpected error on %s", request.url.path)
+        return error_response(request.url.path, "internal error", "Backend", 500)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:

@@ -277,7 +277,10 @@ class TokenizerPool:
                 raise EmptyError("Input validation error: `inputs` cannot be empty")
             text = (prompt or "") + text
             self._check_chars(text, False, self.max_chars)
-            enc = tok.encode(text, add_special_tokens=add_special_tokens)
+            try:
+                enc = tok.encode(text, add_special_tokens=add_special_tokens)
+            except Exception as exc:
+                raise TokenizerError(f"tokenizer error: {exc}") from exc
             # Offsets from tokenizers count characters; TEI reports byte offsets.
             byte_at = _char_to_byte_offsets(text)
             tokens = []
@@ -319,7 +322,10 @@ class TokenizerPool:
                     f"Input validation error: token id {bad} is outside the vocabulary "
                     f"(size {vocab})"
                 )
-            out.append(tok.decode(seq, skip_special_tokens=skip_special_tokens))
+            try:
+                out.append(tok.decode(seq, skip_special_tokens=skip_special_tokens))
+            except Exception as exc:
+                raise TokenizerError(f"tokenizer error: {exc}") from exc
         return out
 
 

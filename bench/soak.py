@@ -1,0 +1,193 @@
+"""Soak: minutes of mixed load against a real server process; reports memory growth, errors and
+latency percentiles.
+
+    .venv/bin/python bench/soak.py --minutes 10
+
+Traffic: every route an embedding model serves, about 5% deliberately bad requests (which must
+get 4xx) and about 3% clients that disconnect mid-request. Resident memory is sampled from the
+server process; growth is measured from the end of the warm-up (the first tenth of the run) to
+the end. Not a CI test: numbers depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.helpers.texts import mixed_texts  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def percentile(sorted_values: list[float], p: float) -> str:
+    if not sorted_values:
+        return "-"
+    value = sorted_values[min(len(sorted_values) - 1, int(p * len(sorted_values)))]
+    return f"{value * 1000:.1f}"
+
+
+def good_request(rng: random.Random, texts: list[str]) -> tuple[str, str, object]:
+    text = rng.choice(texts)
+    batch = rng.sample(texts, rng.randint(2, 16))
+    choices: list[tuple[str, str, object]] = [
+        ("embed", "/embed", {"inputs": text}),
+        ("embed_batch", "/embed", {"inputs": batch}),
+        ("embed_all", "/embed_all", {"inputs": text[:200]}),
+        ("similarity", "/similarity",
+         {"inputs": {"source_sentence": text, "sentences": batch[:4]}}),
+        ("openai", "/v1/embeddings", {"input": batch, "model": "soak"}),
+        ("tokenize", "/tokenize", {"inputs": text}),
+        ("decode", "/decode", {"ids": [101, 7592, 2088, 102]}),
+        ("info", "/info", None),
+        ("health", "/health", None),
+        ("metrics", "/metrics", None),
+    ]
+    weights = [30, 20, 5, 8, 15, 6, 4, 4, 4, 4]
+    return rng.choices(choices, weights)[0]
+
+
+BAD_REQUESTS: list[tuple[str, object, bytes | None]] = [
+    ("/embed", {"inputs": ""}, None),
+    ("/embed", {"inputs": ["x"] * 1000}, None),
+    ("/embed", {"inputs": "x", "dimensions": 0}, None),
+    ("/embed", None, b'{"inputs": '),
+    ("/v1/embeddings", {"input": 3}, None),
+    ("/rerank", {"query": "q", "texts": ["a"]}, None),
+    ("/decode", {"ids": []}, None),
+]
+
+
+async def run(args: argparse.Namespace) -> int:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "vectorpress", "serve", "--hostname", "127.0.0.1", "--port",
+         str(port), "--max-concurrent-requests", str(args.permits)],
+        env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    proc = psutil.Process(server.pid)
+    try:
+        async with httpx.AsyncClient(timeout=60) as probe:
+            for _ in range(600):
+                try:
+                    if (await probe.get(f"{url}/health")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                await asyncio.sleep(0.2)
+        texts = mixed_texts(2000, seed=7)
+        duration = args.minutes * 60
+        warmup_end = time.monotonic() + duration / 10
+        stop_at = time.monotonic() + duration
+        latencies: dict[str, list[float]] = defaultdict(list)
+        statuses: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+        unexpected: list[str] = []
+        counts = {"requests": 0, "bad": 0, "disconnects": 0}
+        rss: list[tuple[float, int]] = []
+
+        async def sampler() -> None:
+            while time.monotonic() < stop_at:
+                rss.append((time.monotonic(), proc.memory_info().rss))
+                await asyncio.sleep(1.0)
+
+        async def worker(seed: int) -> None:
+            rng = random.Random(seed)
+            async with httpx.AsyncClient(timeout=120) as http:
+                while time.monotonic() < stop_at:
+                    roll = rng.random()
+                    if roll < 0.05:
+                        path, payload, raw = rng.choice(BAD_REQUESTS)
+                        counts["bad"] += 1
+                        r = await (http.post(f"{url}{path}", content=raw,
+                                             headers={"content-type": "application/json"})
+                                   if raw is not None else http.post(f"{url}{path}", json=payload))
+                        statuses["bad"][r.status_code] += 1
+                        if not 400 <= r.status_code < 500:
+                            unexpected.append(f"bad {path} -> {r.status_code}")
+                        continue
+                    name, path, payload = good_request(rng, texts)
+                    if roll < 0.08 and payload is not None:
+                        counts["disconnects"] += 1
+                        task = asyncio.ensure_future(http.post(f"{url}{path}", json=payload))
+                        await asyncio.sleep(rng.uniform(0.0, 0.05))
+                        task.cancel()
+                        continue
+                    started = time.perf_counter()
+                    r = await (http.get(f"{url}{path}") if payload is None
+                               else http.post(f"{url}{path}", json=payload))
+                    counts["requests"] += 1
+                    statuses[name][r.status_code] += 1
+                    if r.status_code == 200:
+                        latencies[name].append(time.perf_counter() - started)
+                    elif r.status_code != 429:
+                        unexpected.append(f"{name} -> {r.status_code}: {r.text[:100]}")
+
+        await asyncio.gather(sampler(), *(worker(i) for i in range(args.clients)))
+        after_warmup = [m for t, m in rss if t >= warmup_end]
+        base, end, peak = after_warmup[0], after_warmup[-1], max(after_warmup)
+        growth = (end - base) / base * 100
+        lines = [
+            f"# Soak, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
+            "",
+            f"`{' '.join([Path(sys.executable).name, 'bench/soak.py', *sys.argv[1:]])}`: "
+            f"{args.minutes} min, {args.clients} clients, --max-concurrent-requests "
+            f"{args.permits}, all-MiniLM-L6-v2, {os.cpu_count()} cores.",
+            "",
+            f"- requests: {counts['requests']}, deliberately bad: {counts['bad']}, "
+            f"disconnects: {counts['disconnects']}",
+            f"- resident memory after warm-up: {base / 2**20:.1f} MiB -> {end / 2**20:.1f} MiB "
+            f"(peak {peak / 2**20:.1f} MiB), growth {growth:+.2f}% (target < 5%)",
+            f"- errors other than 429 and the expected 4xx: {len(unexpected)} (target 0)",
+            "",
+            "| route | ok | p50 ms | p90 ms | p99 ms | statuses |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name in sorted(statuses):
+            lat = sorted(latencies.get(name, []))
+            p50, p90, p99 = (percentile(lat, p) for p in (0.5, 0.9, 0.99))
+            lines.append(f"| {name} | {len(lat)} | {p50} | {p90} | {p99} | "
+                         f"{dict(statuses[name])} |")
+        if unexpected:
+            lines += ["", "Unexpected:", *[f"- {u}" for u in unexpected[:20]]]
+        report = "\n".join(lines) + "\n"
+        print(report)
+        out = ROOT / "bench" / "results" / f"soak-{datetime.now(timezone.utc):%Y%m%d-%H%M}.md"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(report)
+        print(f"written to {out.relative_to(ROOT)}")
+        return 0 if not unexpected and growth < 5 else 1
+    finally:
+        server.terminate()
+        server.wait(60)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--clients", type=int, default=24)
+    parser.add_argument("--permits", type=int, default=64)
+    return asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

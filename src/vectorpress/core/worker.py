@@ -129,6 +129,7 @@ class _HeapTrimmer:
     def __init__(self, every: float = 1.0) -> None:
         self.every = every
         self.last = 0.0
+        self._trim: Callable[[int], int] | None
         try:
             self._trim = ctypes.CDLL("libc.so.6").malloc_trim
         except (OSError, AttributeError):  # not glibc: nothing to trim

@@ -77,7 +77,29 @@ def test_http_request_spans_follow_the_callers_trace(folder: Path) -> None:
     assert children == {"tokenization", "queue", "inference"}
 
 
-def test_grpc_metadata_traceparent_is_honoured() -> None:
+def test_tei_grpc_call_spans_follow_the_metadata_traceparent(folder: Path) -> None:
+    from vectorpress.api.grpc.stubs import pb, pb_grpc
+
+    header, caller_trace, caller_span = traceparent()
+    with OtlpReceiver() as receiver:
+        settings = Settings(model_id=str(folder), otlp_endpoint=receiver.endpoint)
+        with (
+            LiveServer(settings, grpc=True) as srv,
+            grpc.insecure_channel(srv.grpc_target) as channel,
+        ):
+            reply = pb_grpc.EmbedStub(channel).Embed(
+                pb.EmbedRequest(inputs="a traced call"), metadata=(("traceparent", header),)
+            )
+            assert len(reply.embeddings) > 0
+        spans = list(receiver.spans)
+    call = one(spans, "tei.v1.Embed/Embed", caller_trace)
+    assert call.parent_span_id == caller_span and call.kind == SERVER_KIND
+    assert call.attributes["vectorpress.operation"] == "embed"
+    children = {s.name for s in spans if s.parent_span_id == call.span_id}
+    assert children == {"tokenization", "queue", "inference"}
+
+
+def test_grpc_interceptor_on_any_service() -> None:
     header, caller_trace, caller_span = traceparent()
     with OtlpReceiver() as receiver:
         tracing = Tracing(receiver.endpoint, "vp-grpc")

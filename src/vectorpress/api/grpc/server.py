@@ -60,7 +60,14 @@ class GrpcServer:
         api_key: str | None = None,
         max_parallel_stream_requests: int = 1024,
     ) -> GrpcServer:
-        interceptors = [ApiKeyInterceptor(api_key, SERVICES)] if api_key else []
+        interceptors: list[grpc.aio.ServerInterceptor] = []
+        if state.infer.tracer is not None:
+            from vectorpress.observability.middleware import GrpcTracingInterceptor
+
+            # First, so the call's span (under the caller's traceparent) covers the key check.
+            interceptors.append(GrpcTracingInterceptor(state.infer.tracer))
+        if api_key:
+            interceptors.append(ApiKeyInterceptor(api_key, SERVICES))
         server = grpc.aio.server(
             interceptors=interceptors,
             # A port already taken must fail start-up, not be shared with another process.

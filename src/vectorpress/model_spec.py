@@ -14,7 +14,7 @@ from vectorpress.settings import Settings
 log = logging.getLogger(__name__)
 
 #: Models whose position ids start after the padding index (fairseq heritage).
-_OFFSET_POSITION_MODELS = ("xlm-roberta", "camembert", "roberta")
+_OFFSET_POSITION_MODELS = ("xlm-roberta", "camembert", "roberta", "mpnet")
 _LEGACY_ST_CONFIGS = (
     "sentence_bert_config.json",
     "sentence_roberta_config.json",

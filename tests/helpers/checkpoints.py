@@ -45,9 +45,11 @@ def write_st_files(
     pooling: str,
     max_seq_length: int = 128,
     dense: list[tuple[int, int, str]] | None = None,
+    dense_bias: bool = True,
 ) -> None:
     """modules.json, 1_Pooling and sentence_bert_config.json, plus optional Dense modules."""
-    hidden = json.loads((dest / "config.json").read_text())["hidden_size"]
+    config = json.loads((dest / "config.json").read_text())
+    hidden = config.get("hidden_size") or config["dim"]
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {
@@ -79,7 +81,7 @@ def write_st_files(
                 {
                     "in_features": in_f,
                     "out_features": out_f,
-                    "bias": True,
+                    "bias": dense_bias,
                     "activation_function": act,
                 }
             )
@@ -87,13 +89,10 @@ def write_st_files(
         gen = torch.Generator().manual_seed(100 + i)
         from safetensors.torch import save_file
 
-        save_file(
-            {
-                "linear.weight": torch.randn(out_f, in_f, generator=gen) * 0.1,
-                "linear.bias": torch.randn(out_f, generator=gen) * 0.1,
-            },
-            str(folder / "model.safetensors"),
-        )
+        weights = {"linear.weight": torch.randn(out_f, in_f, generator=gen) * 0.1}
+        if dense_bias:
+            weights["linear.bias"] = torch.randn(out_f, generator=gen) * 0.1
+        save_file(weights, str(folder / "model.safetensors"))
         modules.append(
             {
                 "idx": 2 + i,
@@ -128,6 +127,83 @@ def _config(arch: str, **extra: object):  # type: ignore[no-untyped-def]
         return tf.XLMRobertaConfig(pad_token_id=1, type_vocab_size=1, **common)
     if arch == "camembert":
         return tf.CamembertConfig(pad_token_id=1, type_vocab_size=1, **common)
+    return _zoo_config(arch, common)
+
+
+def _zoo_config(arch: str, common: dict[str, object]):  # type: ignore[no-untyped-def]
+    """Configs of the native zoo and of the fallback's examples, each as small as it gets while
+    still exercising what is special about the architecture (windows shorter than the test
+    texts, grouped-query heads, a head_dim that is not hidden / heads)."""
+    import transformers as tf
+
+    layers = common["num_hidden_layers"]
+    hidden, heads, inter = common["hidden_size"], common["num_attention_heads"], 64
+    vocab, positions = common["vocab_size"], common["max_position_embeddings"]
+    # The borrowed WordPiece tokenizer: [PAD] 0, [CLS] 101, [SEP] 102.
+    ids = dict(pad_token_id=0, bos_token_id=101, eos_token_id=102)
+    decoder = dict(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=2,
+        intermediate_size=inter,
+        max_position_embeddings=positions,
+        tie_word_embeddings=False,
+        **ids,
+    )
+    passed = ("num_labels", "id2label", "label2id", "classifier_pooling")
+    extra = {k: v for k, v in common.items() if k in passed}
+    if arch == "distilbert":
+        return tf.DistilBertConfig(
+            vocab_size=vocab,
+            dim=hidden,
+            n_layers=layers,
+            n_heads=heads,
+            hidden_dim=inter,
+            max_position_embeddings=positions,
+            pad_token_id=0,
+            **extra,
+        )
+    if arch == "mpnet":
+        return tf.MPNetConfig(pad_token_id=1, **{**common, "max_position_embeddings": 514})
+    if arch == "modernbert":
+        return tf.ModernBertConfig(
+            vocab_size=vocab,
+            hidden_size=hidden,
+            num_hidden_layers=4,
+            num_attention_heads=heads,
+            intermediate_size=48,
+            max_position_embeddings=positions,
+            global_attn_every_n_layers=3,
+            local_attention=16,
+            global_rope_theta=160000.0,
+            local_rope_theta=10000.0,
+            cls_token_id=101,
+            sep_token_id=102,
+            **ids,
+            **extra,
+        )
+    if arch == "qwen2":
+        return tf.Qwen2Config(**decoder, **extra)
+    if arch == "qwen3":
+        return tf.Qwen3Config(head_dim=16, **decoder, **extra)
+    if arch == "mistral":
+        return tf.MistralConfig(sliding_window=16, **decoder, **extra)
+    if arch == "gemma3_text":
+        return tf.Gemma3TextConfig(
+            head_dim=16,
+            query_pre_attn_scalar=16,
+            sliding_window=16,
+            layer_types=["sliding_attention", "full_attention"],
+            use_bidirectional_attention=True,
+            **{**decoder, "num_hidden_layers": 2},
+            **extra,
+        )
+    if arch == "electra":
+        return tf.ElectraConfig(embedding_size=16, **common)
+    if arch == "albert":
+        return tf.AlbertConfig(embedding_size=16, **common)
     raise ValueError(arch)
 
 
@@ -173,4 +249,66 @@ def make_bert_family(
     copy_tokenizer(dest)
     if task == "embedding":
         write_st_files(dest, pooling, dense=dense)
+    return dest
+
+
+#: Every architecture a tiny checkpoint can be built for: the native zoo plus the fallback's.
+ZOO = (
+    "bert",
+    "roberta",
+    "xlm-roberta",
+    "camembert",
+    "distilbert",
+    "mpnet",
+    "modernbert",
+    "qwen2",
+    "qwen3",
+    "mistral",
+    "gemma3_text",
+    "electra",
+    "albert",
+)
+
+
+def make_tiny(
+    dest: Path,
+    arch: str,
+    task: str = "embedding",
+    pooling: str = "mean",
+    seed: int = 0,
+    dense: list[tuple[int, int, str]] | None = None,
+    dense_bias: bool = True,
+    **config: object,
+) -> Path:
+    """A tiny random checkpoint of any architecture in ZOO for `task`, saved by transformers.
+
+    Every norm weight and bias is perturbed away from its 1/0 init, so that parity checks see
+    every parameter (a norm without effect cannot catch a wrong eps or a (1 + w) slip).
+    """
+    import transformers as tf
+
+    if arch in ("bert", "roberta", "xlm-roberta", "camembert"):
+        return make_bert_family(dest, arch, task, pooling, seed, dense)
+    dest.mkdir(parents=True, exist_ok=True)
+    extra: dict[str, object] = {}
+    if task == "classifier":
+        extra = {
+            "num_labels": 3,
+            "id2label": {0: "negative", 1: "neutral", 2: "positive"},
+            "label2id": {"negative": 0, "neutral": 1, "positive": 2},
+        }
+    elif task == "reranker":
+        extra = {"num_labels": 1}
+    model_config = _config(arch, **extra, **config)
+    torch.manual_seed(seed)
+    model = getattr(tf, _HEADS[task]).from_config(model_config)
+    with torch.no_grad():
+        for _name, param in model.named_parameters():
+            if param.dim() == 1:
+                param.add_(torch.randn_like(param) * 0.1)
+    model.eval()
+    model.save_pretrained(dest)
+    copy_tokenizer(dest)
+    if task == "embedding":
+        write_st_files(dest, pooling, dense=dense, dense_bias=dense_bias)
     return dest

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -73,6 +74,24 @@ def _mask(
     return mask
 
 
+def _with_bias(
+    mask: torch.Tensor | None,
+    bias: Callable[[int], torch.Tensor] | None,
+    length: int,
+    causal: bool,
+    dtype: torch.dtype,
+) -> torch.Tensor | None:
+    """The boolean mask alone, or the additive bias with masked places at -inf."""
+    if bias is None:
+        return mask
+    add = bias(length).to(dtype)
+    if mask is None and causal:
+        mask = torch.ones(length, length, dtype=torch.bool, device=add.device).tril()
+    if mask is not None:
+        add = add.masked_fill(~mask, float("-inf"))
+    return add
+
+
 def packed_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -82,11 +101,13 @@ def packed_attention(
     causal: bool = False,
     window: int | None = None,
     scale: float | None = None,
+    bias: Callable[[int], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Attention within each sequence; q, k, v and the result are (total_tokens, heads, dim).
 
     k and v may have fewer heads than q (grouped-query attention); `window` is a symmetric
-    local window (ModernBERT's) measured in tokens, half on each side.
+    local window (ModernBERT's) measured in tokens, half on each side. `bias(L)` gives an
+    additive `(heads, L, L)` score bias for sequences of length L (MPNet's relative positions).
     """
     n_heads, kv_heads = q.shape[1], k.shape[1]
     gqa = n_heads != kv_heads
@@ -102,7 +123,7 @@ def packed_attention(
         qg = qg.reshape(n, L, n_heads, -1).transpose(1, 2)
         kg = kg.reshape(n, L, kv_heads, -1).transpose(1, 2)
         vg = vg.reshape(n, L, kv_heads, -1).transpose(1, 2)
-        mask = _mask(L, causal, window, q.device)
+        mask = _with_bias(_mask(L, causal, window, q.device), bias, L, causal, q.dtype)
         o = F.scaled_dot_product_attention(
             qg,
             kg,
@@ -129,6 +150,7 @@ def reference_attention(
     causal: bool = False,
     window: int | None = None,
     scale: float | None = None,
+    bias: Callable[[int], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """One explicit softmax(QK^T)V per sequence, in float32; the slow path tests trust."""
     n_heads, kv_heads = q.shape[1], k.shape[1]
@@ -144,5 +166,7 @@ def reference_attention(
             mask = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
+        if bias is not None:
+            scores = scores + bias(L).float()
         out[s : s + L] = (scores.softmax(-1) @ vs).transpose(0, 1).to(q.dtype)
     return out

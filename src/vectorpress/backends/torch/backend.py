@@ -35,14 +35,14 @@ class ServedModel(nn.Module):
 def build_model(spec: ModelSpec, arch: Architecture) -> ServedModel:
     """Build the module tree for `spec` and load its checkpoint strictly."""
     cfg = spec.config
-    hidden = cfg["hidden_size"]
+    hidden = spec.hidden_size
     head: nn.Module | None = None
     head_rules = None
     if spec.kind in ("classifier", "reranker"):
         if arch.classifier is None:
             raise StartupError(f"{spec.architecture} has no classification head in vectorpress")
         head_rules = arch.classifier
-        head = ClassificationHead(hidden, spec.num_labels, head_rules.activation, head_rules.dense)
+        head = ClassificationHead(hidden, spec.num_labels, **head_rules.head_options(cfg))
     elif spec.is_splade:
         if arch.mlm is None:
             raise StartupError(f"{spec.architecture} has no masked-LM head for SPLADE")
@@ -50,7 +50,7 @@ def build_model(spec: ModelSpec, arch: Architecture) -> ServedModel:
         head = MLMHead(
             hidden,
             cfg["vocab_size"],
-            cfg.get("hidden_act", "gelu"),
+            cfg.get("hidden_act") or cfg.get("activation") or "gelu",
             cfg.get("layer_norm_eps", 1e-12),
         )
     model = ServedModel(arch.build_encoder(cfg), head)
@@ -90,6 +90,7 @@ class TorchBackend:
         if arch is None:
             raise StartupError(f"model_type {spec.model_type!r} has no native implementation")
         self.spec = spec
+        self.arch = arch
         self.device = device
         self.dtype = dtype or ("float32" if device == "cpu" else "float16")
         torch_dtype = _DTYPES[self.dtype]
@@ -146,8 +147,8 @@ class TorchBackend:
 
     @property
     def classifier_pooling(self) -> str:
-        # Most heads read the first token; ModernBERT's config may ask for mean.
-        return str(self.spec.config.get("classifier_pooling", "cls"))
+        # Most heads read the first token, decoders the last; ModernBERT's config may ask for mean.
+        return str(self.spec.config.get("classifier_pooling", self.arch.classifier_pooling))
 
     def health(self) -> None:
         return None

@@ -17,22 +17,40 @@ from vectorpress.model_spec import DenseSpec
 
 
 class ClassificationHead(nn.Module):
-    """dense -> activation -> out_proj on the pooled token.
+    """dense -> activation (-> LayerNorm) -> out_proj on the pooled token.
 
     BERT's pooler + classifier, RoBERTa's classifier.dense + out_proj and DistilBERT's
-    pre_classifier + classifier all have this shape; they differ in the activation.
+    pre_classifier + classifier all have this shape; they differ in the activation. ModernBERT
+    adds a LayerNorm after the activation; decoders (Qwen's `score`) keep only a bias-free
+    out_proj.
     """
 
-    def __init__(self, hidden: int, num_labels: int, act: str = "tanh", dense: bool = True) -> None:
+    def __init__(
+        self,
+        hidden: int,
+        num_labels: int,
+        act: str = "tanh",
+        dense: bool = True,
+        *,
+        dense_bias: bool = True,
+        out_bias: bool = True,
+        norm_eps: float | None = None,
+        norm_bias: bool = True,
+    ) -> None:
         super().__init__()
-        self.dense = nn.Linear(hidden, hidden) if dense else None
+        self.dense = nn.Linear(hidden, hidden, bias=dense_bias) if dense else None
         self.act: Activation = activation(act)
-        self.out_proj = nn.Linear(hidden, num_labels)
+        self.norm = (
+            nn.LayerNorm(hidden, eps=norm_eps, bias=norm_bias) if norm_eps is not None else None
+        )
+        self.out_proj = nn.Linear(hidden, num_labels, bias=out_bias)
 
     def forward(self, pooled: torch.Tensor) -> torch.Tensor:
         x = pooled
         if self.dense is not None:
             x = self.act(self.dense(x))
+        if self.norm is not None:
+            x = self.norm(x)
         return self.out_proj(x)
 
 

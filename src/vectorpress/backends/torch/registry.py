@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import nn
 
@@ -25,6 +26,25 @@ class HeadRules:
     dense: bool = True
     tied: tuple[tuple[str, str], ...] = ()
     """(head key, encoder key) pairs that may be absent because the weights are tied."""
+    out_bias: bool = True
+    norm: bool = False
+    """A LayerNorm after the activation (ModernBERT)."""
+    from_config: tuple[tuple[str, str], ...] = ()
+    """(head option, config key) pairs: options the checkpoint's config sets when present."""
+
+    def head_options(self, cfg: dict[str, Any]) -> dict[str, Any]:
+        """Keyword arguments of ClassificationHead for this checkpoint."""
+        opts: dict[str, Any] = {
+            "act": self.activation,
+            "dense": self.dense,
+            "out_bias": self.out_bias,
+        }
+        if self.norm:
+            opts["norm_eps"] = 1e-5
+        for option, key in self.from_config:
+            if cfg.get(key) is not None:
+                opts[option] = cfg[key]
+        return opts
 
 
 @dataclass(frozen=True)
@@ -39,6 +59,8 @@ class Architecture:
     """Keys never used by any task (buffers saved by old versions)."""
     examples: tuple[str, ...] = field(default=())
     """Names of the tiny checkpoints in tests/ that exercise this line (checked by a test)."""
+    classifier_pooling: str = "cls"
+    """The token a classification head reads when the config does not say (decoders: last)."""
 
     def build_encoder(self, config: dict[str, object]) -> nn.Module:
         module_name, cls_name = self.encoder.split(":")
@@ -97,8 +119,109 @@ _ROBERTA = Architecture(
     examples=("roberta", "xlm-roberta"),
 )
 
+_DISTILBERT = Architecture(
+    model_types=("distilbert",),
+    encoder="distilbert:DistilBertModel",
+    base_prefixes=("distilbert.",),
+    classifier=HeadRules(
+        rules=((r"^pre_classifier\.", "head.dense."), (r"^classifier\.", "head.out_proj.")),
+        activation="relu",
+    ),
+    mlm=HeadRules(
+        rules=(
+            (r"^vocab_transform\.", "head.dense."),
+            (r"^vocab_layer_norm\.", "head.layer_norm."),
+            (r"^vocab_projector\.weight$", "head.decoder.weight"),
+            (r"^vocab_projector\.bias$", "head.bias"),
+        ),
+        tied=(("head.decoder.weight", "encoder.embeddings.word_embeddings.weight"),),
+    ),
+    ignore=(
+        r"^embeddings\.position_ids$",
+        r"^pre_classifier\.",
+        r"^classifier\.",
+        r"^vocab_(transform|layer_norm|projector)\.",
+    ),
+    examples=("distilbert",),
+)
+
+_MPNET = Architecture(
+    model_types=("mpnet",),
+    encoder="mpnet:MPNetModel",
+    base_prefixes=("mpnet.",),
+    classifier=HeadRules(
+        rules=(
+            (r"^classifier\.dense\.", "head.dense."),
+            (r"^classifier\.out_proj\.", "head.out_proj."),
+        ),
+    ),
+    mlm=_ROBERTA.mlm,
+    ignore=(r"^embeddings\.position_ids$", r"^pooler\.", r"^lm_head\.", r"^classifier\."),
+    examples=("mpnet",),
+)
+
+_MODERNBERT = Architecture(
+    model_types=("modernbert",),
+    encoder="modernbert:ModernBertModel",
+    base_prefixes=("model.",),
+    classifier=HeadRules(
+        rules=(
+            (r"^head\.dense\.", "head.dense."),
+            (r"^head\.norm\.", "head.norm."),
+            (r"^classifier\.", "head.out_proj."),
+        ),
+        activation="gelu",
+        norm=True,
+        from_config=(
+            ("act", "classifier_activation"),
+            ("dense_bias", "classifier_bias"),
+            ("norm_bias", "norm_bias"),
+            ("norm_eps", "norm_eps"),
+        ),
+    ),
+    ignore=(r"^head\.", r"^decoder\.", r"^classifier\."),
+    examples=("modernbert",),
+)
+
+
+def _decoder(model_type: str, encoder: str) -> Architecture:
+    """Llama-style decoders: `model.` under task wrappers, a bias-free `score` classifier on the
+    last token."""
+    return Architecture(
+        model_types=(model_type,),
+        encoder=encoder,
+        base_prefixes=("model.",),
+        classifier=HeadRules(
+            rules=((r"^score\.", "head.out_proj."),),
+            activation="identity",
+            dense=False,
+            out_bias=False,
+        ),
+        ignore=(r"^lm_head\.", r"^score\.", r"\.rotary_emb\.inv_freq$"),
+        examples=(model_type,),
+        classifier_pooling="last_token",
+    )
+
+
+_QWEN2 = _decoder("qwen2", "qwen2:Qwen2Model")
+_QWEN3 = _decoder("qwen3", "qwen3:Qwen3Model")
+_MISTRAL = _decoder("mistral", "mistral:MistralModel")
+_GEMMA3_TEXT = _decoder("gemma3_text", "gemma3_text:Gemma3TextModel")
+
 REGISTRY: dict[str, Architecture] = {
-    model_type: arch for arch in (_BERT, _ROBERTA) for model_type in arch.model_types
+    model_type: arch
+    for arch in (
+        _BERT,
+        _ROBERTA,
+        _DISTILBERT,
+        _MPNET,
+        _MODERNBERT,
+        _QWEN2,
+        _QWEN3,
+        _MISTRAL,
+        _GEMMA3_TEXT,
+    )
+    for model_type in arch.model_types
 }
 
 

@@ -1,0 +1,1 @@
+"""The transformers fallback: any architecture `transformers` can load, on padded batches."""

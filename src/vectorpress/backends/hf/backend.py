@@ -1,0 +1,132 @@
+"""HFBackend: transformers' own modules on padded batches, for architectures with no native model.
+
+The model runs exactly as sentence-transformers runs it (input ids, attention mask and token
+types only, the model computing its own positions), so its numbers are the reference's. The
+padded output is packed again right after the forward pass: pooling, SPLADE and Dense are the
+torch backend's, written once.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+
+from vectorpress.backends.torch.attention import PackedSequences
+from vectorpress.backends.torch.heads import load_dense
+from vectorpress.backends.torch.pooling import pool, splade_pool
+from vectorpress.errors import StartupError
+from vectorpress.model_spec import ModelSpec
+from vectorpress.types import Batch, BatchOutput
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _auto_class(spec: ModelSpec) -> Any:
+    import transformers
+
+    if spec.kind in ("classifier", "reranker"):
+        return transformers.AutoModelForSequenceClassification
+    if spec.is_splade:
+        return transformers.AutoModelForMaskedLM
+    return transformers.AutoModel
+
+
+class HFBackend:
+    """Runs `AutoModel*` on `(n, max_len)` batches padded on the right."""
+
+    name = "hf"
+    is_padded = True
+    max_batch_size: int | None = None
+
+    def __init__(self, spec: ModelSpec, device: str = "cpu", dtype: str | None = None) -> None:
+        self.spec = spec
+        self.device = device
+        self.dtype = dtype or ("float32" if device == "cpu" else "float16")
+        auto = _auto_class(spec)
+        try:
+            model = auto.from_pretrained(str(spec.path), dtype=_DTYPES[self.dtype])
+        except (OSError, ValueError, KeyError) as exc:
+            raise StartupError(f"transformers cannot load {spec.path}: {exc}") from exc
+        self.model = model.eval().to(device)
+        params = inspect.signature(self.model.forward).parameters
+        # Models without token types (RoBERTa's type_vocab_size 1, DistilBERT, decoders) get
+        # none: a pair's second segment would index past their single type embedding.
+        self._token_types = "token_type_ids" in params and (
+            int(getattr(self.model.config, "type_vocab_size", 0) or 0) > 1
+        )
+        self.dense = [
+            load_dense(d).eval().to(device=device, dtype=torch.float32) for d in spec.dense
+        ]
+        log.info("transformers %s serves %s", type(self.model).__name__, spec.architecture)
+
+    def _padded(self, batch: Batch) -> dict[str, torch.Tensor]:
+        n, width = batch.size, batch.max_seqlen
+        lengths = batch.lengths
+        mask = np.arange(width)[None, :] < lengths[:, None]
+        ids = np.full((n, width), self.spec.pad_token_id, dtype=np.int64)
+        ids[mask] = batch.input_ids
+        inputs = {
+            "input_ids": torch.from_numpy(ids),
+            "attention_mask": torch.from_numpy(mask.astype(np.int64)),
+        }
+        if self._token_types:
+            types = np.zeros((n, width), dtype=np.int64)
+            types[mask] = batch.token_type_ids
+            inputs["token_type_ids"] = torch.from_numpy(types)
+        return {k: v.to(self.device) for k, v in inputs.items()}
+
+    def _packed(self, padded: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(n, max_len, d) -> (total_tokens, d), real tokens only, in batch order."""
+        return padded[inputs["attention_mask"].bool()]
+
+    def _seqs(self, batch: Batch) -> PackedSequences:
+        return PackedSequences(torch.from_numpy(batch.cu_seqlens).to(self.device), batch.max_seqlen)
+
+    @torch.inference_mode()
+    def embed(self, batch: Batch) -> BatchOutput:
+        inputs = self._padded(batch)
+        out = self.model(**inputs)
+        seqs = self._seqs(batch)
+        which = list(batch.pooled_indices)
+        pooled: np.ndarray | None = None
+        if self.spec.is_splade:
+            logits = self._packed(out.logits, inputs)
+            if which:
+                pooled = splade_pool(lambda x: x, logits, seqs, which).float().cpu().numpy()
+            # Raw outputs of a SPLADE model are its per-token hidden states, as TEI's.
+            hidden = self._packed(self._last_hidden(inputs), inputs) if batch.raw_indices else None
+        else:
+            hidden = self._packed(out.last_hidden_state, inputs)
+            if which:
+                assert self.spec.pooling is not None
+                vectors = pool(hidden, seqs, self.spec.pooling, which).float()
+                for dense in self.dense:
+                    vectors = dense(vectors)
+                pooled = vectors.cpu().numpy()
+        raw = []
+        if hidden is not None:
+            raw = [
+                hidden[seqs.starts[i] : seqs.starts[i] + seqs.lengths[i]].float().cpu().numpy()
+                for i in batch.raw_indices
+            ]
+        return BatchOutput(pooled, raw)
+
+    def _last_hidden(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        out = self.model(**inputs, output_hidden_states=True)
+        return out.hidden_states[-1]  # type: ignore[no-any-return]
+
+    @torch.inference_mode()
+    def predict(self, batch: Batch) -> BatchOutput:
+        inputs = self._padded(batch)
+        logits = self.model(**inputs).logits
+        rows = logits[list(batch.pooled_indices)]
+        return BatchOutput(rows.float().cpu().numpy(), [])
+
+    def health(self) -> None:
+        return None

@@ -1,0 +1,99 @@
+"""DistilBERT: BERT with six layers, no token types and no pooler.
+
+Post-LayerNorm like BERT, learned absolute positions, eps fixed at 1e-12 (the config has no
+field for it). Its config names differ from BERT's (`dim`, `n_heads`, `hidden_dim`,
+`activation`), and its attribute names are its own (`q_lin`, `sa_layer_norm`, `ffn.lin1`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from vectorpress.backends.torch.attention import PackedSequences, packed_attention
+from vectorpress.backends.torch.layers import activation
+
+_EPS = 1e-12
+
+
+class Embeddings(nn.Module):
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        dim = cfg["dim"]
+        self.word_embeddings = nn.Embedding(cfg["vocab_size"], dim)
+        self.position_embeddings = nn.Embedding(cfg["max_position_embeddings"], dim)
+        self.LayerNorm = nn.LayerNorm(dim, eps=_EPS)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
+        return self.LayerNorm(x)
+
+
+class MultiHeadSelfAttention(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q_lin = nn.Linear(dim, dim)
+        self.k_lin = nn.Linear(dim, dim)
+        self.v_lin = nn.Linear(dim, dim)
+        self.out_lin = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, seqs: PackedSequences) -> torch.Tensor:
+        total, dim = x.shape
+        shape = (total, self.heads, dim // self.heads)
+        q, k, v = (lin(x).view(shape) for lin in (self.q_lin, self.k_lin, self.v_lin))
+        return self.out_lin(packed_attention(q, k, v, seqs).reshape(total, dim))
+
+
+class FFN(nn.Module):
+    def __init__(self, dim: int, hidden: int, act: str) -> None:
+        super().__init__()
+        self.lin1 = nn.Linear(dim, hidden)
+        self.lin2 = nn.Linear(hidden, dim)
+        self.act = activation(act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin2(self.act(self.lin1(x)))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        dim = cfg["dim"]
+        self.attention = MultiHeadSelfAttention(dim, cfg["n_heads"])
+        self.sa_layer_norm = nn.LayerNorm(dim, eps=_EPS)
+        self.ffn = FFN(dim, cfg["hidden_dim"], cfg.get("activation", "gelu"))
+        self.output_layer_norm = nn.LayerNorm(dim, eps=_EPS)
+
+    def forward(self, x: torch.Tensor, seqs: PackedSequences) -> torch.Tensor:
+        x = self.sa_layer_norm(self.attention(x, seqs) + x)
+        return self.output_layer_norm(self.ffn(x) + x)
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg["n_layers"]))
+
+
+class DistilBertModel(nn.Module):
+    """Returns the last hidden state of every real token, `(total_tokens, dim)`."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        self.embeddings = Embeddings(cfg)
+        self.transformer = Transformer(cfg)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        seqs: PackedSequences,
+    ) -> torch.Tensor:
+        x = self.embeddings(input_ids, position_ids)
+        for layer in self.transformer.layer:
+            x = layer(x, seqs)
+        return x

@@ -1,0 +1,165 @@
+"""Gemma3 text (EmbeddingGemma): a Gemma3 decoder stack run as a bidirectional encoder.
+
+What is special:
+- token embeddings are scaled by sqrt(hidden), the scale rounded to the weights' dtype first;
+- RMSNorm in Gemma's `(1 + w)` form, also on each head of q and k, and four norms per layer
+  ("sandwich": after attention and after the MLP too, before each residual add);
+- attention scaled by `query_pre_attn_scalar ** -0.5`, not head_dim's;
+- local layers (`sliding_attention`) use their own rotary base (`rope_local_base_freq`) and a
+  window, global layers the main base with optional linear scaling;
+- with `use_bidirectional_attention` (EmbeddingGemma) no layer is causal and the window is
+  symmetric: a token sees the tokens at distance <= sliding_window // 2 on both sides;
+- a tanh-GeLU gated MLP.
+
+EmbeddingGemma's Dense projections (768 -> 3072 -> 768) are sentence-transformers modules,
+applied after pooling like any other Dense.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from vectorpress.backends.torch.attention import PackedSequences, packed_attention
+from vectorpress.backends.torch.layers import activation
+from vectorpress.backends.torch.rotary import RMSNorm, Rotary, rope_scale, rope_theta, rotate
+
+_SLIDING = "sliding_attention"
+
+
+def _layer_types(cfg: dict[str, Any]) -> list[str]:
+    types = cfg.get("layer_types")
+    if types:
+        return list(types)
+    # Older configs: every `sliding_window_pattern`-th layer is global.
+    pattern = int(cfg.get("sliding_window_pattern", 6))
+    n = cfg["num_hidden_layers"]
+    return [_SLIDING if (i + 1) % pattern else "full_attention" for i in range(n)]
+
+
+class Gemma3Attention(nn.Module):
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        hidden = cfg["hidden_size"]
+        bias = bool(cfg.get("attention_bias", False))
+        self.heads = cfg["num_attention_heads"]
+        self.kv_heads = cfg.get("num_key_value_heads") or self.heads
+        self.head_dim = cfg.get("head_dim") or hidden // self.heads
+        self.scale = float(cfg.get("query_pre_attn_scalar") or self.head_dim) ** -0.5
+        self.q_proj = nn.Linear(hidden, self.heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=bias)
+        eps = cfg.get("rms_norm_eps", 1e-6)
+        self.q_norm = RMSNorm(self.head_dim, eps, offset=1.0)
+        self.k_norm = RMSNorm(self.head_dim, eps, offset=1.0)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        seqs: PackedSequences,
+        causal: bool,
+        window: int | None,
+    ) -> torch.Tensor:
+        total = x.shape[0]
+        q = self.q_norm(self.q_proj(x).view(total, self.heads, self.head_dim))
+        k = self.k_norm(self.k_proj(x).view(total, self.kv_heads, self.head_dim))
+        v = self.v_proj(x).view(total, self.kv_heads, self.head_dim)
+        cos, sin = rope
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        out = packed_attention(q, k, v, seqs, causal=causal, window=window, scale=self.scale)
+        return self.o_proj(out.reshape(total, self.heads * self.head_dim))
+
+
+class Gemma3MLP(nn.Module):
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+        self.act = activation(cfg.get("hidden_activation") or "gelu_pytorch_tanh")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Gemma3DecoderLayer(nn.Module):
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        hidden, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
+        self.self_attn = Gemma3Attention(cfg)
+        self.mlp = Gemma3MLP(cfg)
+        self.input_layernorm = RMSNorm(hidden, eps, offset=1.0)
+        self.post_attention_layernorm = RMSNorm(hidden, eps, offset=1.0)
+        self.pre_feedforward_layernorm = RMSNorm(hidden, eps, offset=1.0)
+        self.post_feedforward_layernorm = RMSNorm(hidden, eps, offset=1.0)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        seqs: PackedSequences,
+        causal: bool,
+        window: int | None,
+    ) -> torch.Tensor:
+        h = self.self_attn(self.input_layernorm(x), rope, seqs, causal, window)
+        x = x + self.post_attention_layernorm(h)
+        h = self.mlp(self.pre_feedforward_layernorm(x))
+        return x + self.post_feedforward_layernorm(h)
+
+
+class Gemma3TextModel(nn.Module):
+    """Returns the final-normed hidden state of every real token, `(total_tokens, hidden)`."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        hidden = cfg["hidden_size"]
+        n = cfg["num_hidden_layers"]
+        self.embed_tokens = nn.Embedding(cfg["vocab_size"], hidden)
+        self.embed_scale = float(hidden) ** 0.5
+        self.layers = nn.ModuleList(Gemma3DecoderLayer(cfg) for _ in range(n))
+        self.norm = RMSNorm(hidden, cfg.get("rms_norm_eps", 1e-6), offset=1.0)
+        self.causal = not cfg.get("use_bidirectional_attention", False)
+        self.types = _layer_types(cfg)
+        head_dim = cfg.get("head_dim") or hidden // cfg["num_attention_heads"]
+        self.rotary_global = Rotary(
+            head_dim,
+            rope_theta(cfg, "full_attention", "rope_theta", 1_000_000.0),
+            rope_scale(cfg, "full_attention"),
+        )
+        self.rotary_local = Rotary(
+            head_dim, rope_theta(cfg, _SLIDING, "rope_local_base_freq", 10_000.0)
+        )
+        sliding = cfg.get("sliding_window")
+        if sliding is None:
+            self.window: int | None = None
+        elif self.causal:
+            # A causal window keeps distances < sliding_window, the token itself included.
+            self.window = 2 * (int(sliding) - 1)
+        else:
+            # A bidirectional window as config.json spells it is the whole span, half each side
+            # (transformers turns it into the exclusive bound sliding_window // 2 + 1).
+            self.window = int(sliding)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        seqs: PackedSequences,
+    ) -> torch.Tensor:
+        weight = self.embed_tokens.weight
+        x = self.embed_tokens(input_ids) * torch.tensor(self.embed_scale, dtype=weight.dtype)
+        ropes = {
+            _SLIDING: self.rotary_local(position_ids, x.dtype),
+            "full_attention": self.rotary_global(position_ids, x.dtype),
+        }
+        for layer, kind in zip(self.layers, self.types, strict=True):
+            window = self.window if kind == _SLIDING else None
+            rope = ropes[_SLIDING if kind == _SLIDING else "full_attention"]
+            x = layer(x, rope, seqs, self.causal, window)
+        return self.norm(x)

@@ -1,0 +1,143 @@
+"""MPNet (all-mpnet-base-v2): BERT's post-LayerNorm layout plus a relative position bias.
+
+What is special:
+- positions start after the padding index (2 for pad id 1), as RoBERTa's: the tokenizer pool
+  adds the offset, the model only looks them up;
+- no token-type embeddings;
+- every layer adds the same learned bias to its attention scores, one value per head and
+  relative-distance bucket (T5-style buckets: 32, half per direction, exact below 8, log-spaced
+  up to distance 128). The bucket count is fixed at 32 in the reference whatever
+  `relative_attention_num_buckets` says; only the embedding table's size follows the config.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from vectorpress.backends.torch.attention import PackedSequences, packed_attention
+from vectorpress.backends.torch.layers import activation
+
+_BUCKETS = 32
+_MAX_DISTANCE = 128
+
+
+def relative_buckets(length: int, device: torch.device) -> torch.Tensor:
+    """(L, L) bucket index of the distance from query i to key j, as transformers buckets it."""
+    pos = torch.arange(length, dtype=torch.long, device=device)
+    n = -(pos[None, :] - pos[:, None])
+    half = _BUCKETS // 2
+    ret = (n < 0).to(torch.long) * half
+    n = n.abs()
+    exact = half // 2
+    large = exact + (
+        torch.log(n.float() / exact) / math.log(_MAX_DISTANCE / exact) * (half - exact)
+    ).to(torch.long)
+    large = torch.clamp(large, max=half - 1)
+    return ret + torch.where(n < exact, n, large)
+
+
+class MPNetEmbeddings(nn.Module):
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        hidden = cfg["hidden_size"]
+        self.word_embeddings = nn.Embedding(cfg["vocab_size"], hidden)
+        self.position_embeddings = nn.Embedding(cfg["max_position_embeddings"], hidden)
+        self.LayerNorm = nn.LayerNorm(hidden, eps=cfg.get("layer_norm_eps", 1e-12))
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
+        return self.LayerNorm(x)  # type: ignore[no-any-return]
+
+
+class MPNetSelfAttention(nn.Module):
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.q = nn.Linear(hidden, hidden)
+        self.k = nn.Linear(hidden, hidden)
+        self.v = nn.Linear(hidden, hidden)
+        self.o = nn.Linear(hidden, hidden)
+
+
+class MPNetAttention(nn.Module):
+    def __init__(self, hidden: int, eps: float) -> None:
+        super().__init__()
+        self.attn = MPNetSelfAttention(hidden)
+        self.LayerNorm = nn.LayerNorm(hidden, eps=eps)
+
+
+class MPNetIntermediate(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.dense = nn.Linear(hidden, intermediate)
+
+
+class MPNetOutput(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, eps: float) -> None:
+        super().__init__()
+        self.dense = nn.Linear(intermediate, hidden)
+        self.LayerNorm = nn.LayerNorm(hidden, eps=eps)
+
+
+class MPNetLayer(nn.Module):
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        hidden, eps = cfg["hidden_size"], cfg.get("layer_norm_eps", 1e-12)
+        self.heads = cfg["num_attention_heads"]
+        self.attention = MPNetAttention(hidden, eps)
+        self.intermediate = MPNetIntermediate(hidden, cfg["intermediate_size"])
+        self.output = MPNetOutput(hidden, cfg["intermediate_size"], eps)
+        self.act = activation(cfg.get("hidden_act", "gelu"))
+
+    def forward(self, x: torch.Tensor, seqs: PackedSequences, bias: Any) -> torch.Tensor:
+        total, hidden = x.shape
+        sa = self.attention.attn
+        shape = (total, self.heads, hidden // self.heads)
+        q, k, v = sa.q(x).view(shape), sa.k(x).view(shape), sa.v(x).view(shape)
+        ctx = packed_attention(q, k, v, seqs, bias=bias).reshape(total, hidden)
+        x = self.attention.LayerNorm(sa.o(ctx) + x)
+        h = self.act(self.intermediate.dense(x))
+        return self.output.LayerNorm(self.output.dense(h) + x)  # type: ignore[no-any-return]
+
+
+class MPNetEncoder(nn.Module):
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(MPNetLayer(cfg) for _ in range(cfg["num_hidden_layers"]))
+        self.relative_attention_bias = nn.Embedding(
+            cfg.get("relative_attention_num_buckets", _BUCKETS), cfg["num_attention_heads"]
+        )
+
+
+class MPNetModel(nn.Module):
+    """Returns the last hidden state of every real token, `(total_tokens, hidden)`."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        self.embeddings = MPNetEmbeddings(cfg)
+        self.encoder = MPNetEncoder(cfg)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        seqs: PackedSequences,
+    ) -> torch.Tensor:
+        x = self.embeddings(input_ids, position_ids)
+        table = self.encoder.relative_attention_bias
+        cache: dict[int, torch.Tensor] = {}
+
+        def bias(length: int) -> torch.Tensor:
+            # One (heads, L, L) bias per distinct length, shared by every layer of the batch.
+            if length not in cache:
+                buckets = relative_buckets(length, x.device)
+                cache[length] = table(buckets).permute(2, 0, 1)
+            return cache[length]
+
+        for layer in self.encoder.layer:
+            x = layer(x, seqs, bias)
+        return x

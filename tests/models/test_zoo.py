@@ -1,0 +1,169 @@
+"""The native zoo against transformers and sentence-transformers, and against itself.
+
+For every native architecture a tiny random checkpoint is built from its transformers config
+class. Its vectors (and logits) must match the reference on the same folder; the packed native
+backend must match the padded transformers fallback; an input alone must match the same input
+in a mixed batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.helpers.hf_reference import transformers_embed, transformers_logits
+from tests.helpers.reference import assert_close_vectors, st_encode
+from tests.helpers.texts import mixed_texts
+from vectorpress.server import Served, load
+from vectorpress.settings import Settings
+
+#: Native architectures beyond the BERT family (tests/models/test_bert_family.py has those).
+NATIVE = ("distilbert", "mpnet", "modernbert", "qwen2", "qwen3", "mistral", "gemma3_text")
+DECODERS = ("qwen2", "qwen3", "mistral")
+
+# Long texts are truncated at 128 tokens, well past the tiny checkpoints' 16-token windows.
+TEXTS = [*mixed_texts(14, seed=11, long_share=0.3), "a", "Hello world!", "x " * 300]
+PAIRS: list[str | tuple[str, str]] = [
+    ("what is the capital of france?", "Paris is the capital and largest city of France."),
+    ("how do magnets work", TEXTS[0]),
+    TEXTS[1],
+    ("short", TEXTS[2]),
+]
+
+
+@contextmanager
+def served(folder: Path, **settings: Any) -> Iterator[Served]:
+    s = load(Settings(model_id=str(folder), **settings))
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def embed(s: Served, texts: Sequence[str], normalize: bool = True) -> np.ndarray:
+    async def run() -> list[np.ndarray]:
+        out: list[np.ndarray] = []
+        for i in range(0, len(texts), 32):
+            result = await s.infer.embed(list(texts[i : i + 32]), normalize=normalize)
+            out.extend(result.values)
+        return out
+
+    return np.stack(asyncio.run(run()))
+
+
+def embed_each(s: Served, texts: Sequence[str]) -> np.ndarray:
+    async def run() -> list[np.ndarray]:
+        return [(await s.infer.embed([t])).values[0] for t in texts]
+
+    return np.stack(asyncio.run(run()))
+
+
+def logits(s: Served, inputs: Sequence[str | tuple[str, str]]) -> np.ndarray:
+    """Raw scores of Infer.predict, back in label-id order."""
+
+    async def run() -> Any:
+        return await s.infer.predict(list(inputs), raw_scores=True)
+
+    result = asyncio.run(run())
+    order = s.spec.label2id
+    rows = []
+    for labelled in result.values:
+        row = np.zeros(len(order), dtype=np.float64)
+        for label, score in labelled:
+            row[order[label]] = score
+        rows.append(row)
+    return np.stack(rows)
+
+
+def _pooling(arch: str) -> str:
+    return "last_token" if arch in DECODERS else "mean"
+
+
+@pytest.mark.parametrize("arch", NATIVE)
+def test_native_matches_transformers_and_the_padded_fallback(
+    tiny: Callable[..., Path], arch: str
+) -> None:
+    pooling = _pooling(arch)
+    folder = tiny(arch, "embedding", pooling)
+    want = transformers_embed(folder, TEXTS, pooling)
+    with served(folder, backend="torch") as native:
+        assert native.backend.name == "torch"
+        packed = embed(native, TEXTS)
+        alone = embed_each(native, TEXTS[:4] + TEXTS[-3:])
+    with served(folder, backend="hf") as fallback:
+        assert fallback.backend.name == "hf" and fallback.backend.is_padded
+        padded = embed(fallback, TEXTS)
+    assert_close_vectors(packed, want, max_abs=1e-4, what=f"{arch} native vs transformers")
+    assert_close_vectors(padded, want, max_abs=1e-4, what=f"{arch} fallback vs transformers")
+    assert_close_vectors(packed, padded, max_abs=1e-4, what=f"{arch} packed vs padded")
+    in_batch = np.concatenate([packed[:4], packed[-3:]])
+    assert_close_vectors(alone, in_batch, max_abs=1e-5, what=f"{arch} alone vs in a batch")
+
+
+# qwen2 is left out: transformers maps its model type to its own tokenizer class, which reads
+# the borrowed WordPiece tokenizer.json differently (transformers_embed covers it above).
+@pytest.mark.parametrize("arch", [a for a in NATIVE if a != "qwen2"])
+def test_native_matches_sentence_transformers(tiny: Callable[..., Path], arch: str) -> None:
+    pooling = _pooling(arch)
+    folder = tiny(arch, "embedding", pooling)
+    want = st_encode(folder, TEXTS)
+    with served(folder) as native:
+        assert native.backend.name == "torch"
+        got = embed(native, TEXTS)
+    assert_close_vectors(got, want, max_abs=1e-4, what=f"{arch} vs sentence-transformers")
+
+
+def test_embeddinggemma_layout_with_bias_free_dense(tiny: Callable[..., Path]) -> None:
+    """EmbeddingGemma: mean pooling, then two bias-free Dense projections, then normalize."""
+    dense = [
+        (32, 64, "torch.nn.modules.linear.Identity"),
+        (64, 32, "torch.nn.modules.linear.Identity"),
+    ]
+    folder = tiny("gemma3_text", "embedding", "mean", dense=dense, dense_bias=False)
+    want = st_encode(folder, TEXTS)
+    with served(folder) as native:
+        got = embed(native, TEXTS)
+    assert_close_vectors(got, want, max_abs=1e-4, what="embeddinggemma vs sentence-transformers")
+
+
+@pytest.mark.parametrize(
+    ("arch", "task", "config"),
+    [
+        ("distilbert", "classifier", {}),
+        ("mpnet", "classifier", {}),
+        ("modernbert", "classifier", {}),
+        ("modernbert", "reranker", {"classifier_pooling": "mean"}),
+        ("qwen3", "classifier", {}),
+        ("qwen2", "reranker", {}),
+        ("gemma3_text", "classifier", {}),
+    ],
+)
+def test_native_heads_match_transformers(
+    tiny: Callable[..., Path], arch: str, task: str, config: dict[str, object]
+) -> None:
+    folder = tiny(arch, task, **config)
+    # Classifier folders carry no sentence-transformers limit: the model's 512 positions apply.
+    want = transformers_logits(folder, PAIRS, max_length=512)
+    with served(folder, auto_truncate=True) as native:
+        assert native.backend.name == "torch"
+        packed = logits(native, PAIRS)
+    with served(folder, backend="hf", auto_truncate=True) as fallback:
+        padded = logits(fallback, PAIRS)
+    assert_close_vectors(packed, want, max_abs=1e-4, what=f"{arch} {task} native logits")
+    assert_close_vectors(padded, want, max_abs=1e-4, what=f"{arch} {task} fallback logits")
+
+
+def test_distilbert_splade_native_equals_fallback(tiny: Callable[..., Path]) -> None:
+    folder = tiny("distilbert", "mlm")
+    with served(folder, pooling="splade") as native:
+        packed = embed(native, TEXTS[:8], normalize=False)
+    with served(folder, pooling="splade", backend="hf") as fallback:
+        padded = embed(fallback, TEXTS[:8], normalize=False)
+    assert packed.shape == (8, 30522)
+    assert_close_vectors(packed, padded, max_abs=1e-4, what="distilbert splade")

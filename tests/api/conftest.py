@@ -122,3 +122,21 @@ def assert_error(response: httpx.Response, status: int, error_type: str, message
     assert body["error_type"] == error_type, body
     if message:
         assert body["error"] == message, body
+
+
+@pytest.fixture
+def inference_client(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
+    """huggingface_hub.InferenceClient pointed at a live server.
+
+    huggingface_hub refuses every request while HF_HUB_OFFLINE is set, loopback included;
+    the suite stays offline because the client is only ever given the local server's URL.
+    """
+    from huggingface_hub import InferenceClient, constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+
+    def make(url: str, **kwargs: Any) -> InferenceClient:
+        assert url.startswith("http://127.0.0.1:"), url
+        return InferenceClient(model=url, **kwargs)
+
+    return make

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Callable
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from tests.helpers.faulty import faulty_factory
 from tests.helpers.server import LiveServer
 from tests.helpers.texts import sentences
 from tests.observability.scrape import parse, scrape
@@ -165,3 +167,35 @@ def test_bucket_bounds_are_teis() -> None:
     assert defs["te_request_input_length"].buckets[-1] == 512
     assert defs["te_batch_next_size"].buckets[-1] == 4096
     assert defs["te_batch_next_tokens"].buckets[-1] == 2**20
+
+
+def test_a_gone_client_counts_as_one_dropped_request_and_input(
+    tiny_bert_family: Callable[..., Path],
+) -> None:
+    make, made = faulty_factory()
+    folder = tiny_bert_family("bert", "embedding", "mean")
+    with LiveServer(Settings(model_id=str(folder), max_batch_requests=1), make) as srv:
+        backend = made[0]
+        backend.delay = 1.0
+
+        async def scenario() -> int:
+            async with httpx.AsyncClient(timeout=60) as client:
+                busy = asyncio.ensure_future(
+                    client.post(f"{srv.url}/embed", json={"inputs": "keeps the worker busy"})
+                )
+                await asyncio.sleep(0.3)
+                gone = asyncio.ensure_future(
+                    client.post(f"{srv.url}/embed", json={"inputs": "never computed"})
+                )
+                await asyncio.sleep(0.3)
+                gone.cancel()  # the client leaves while its input waits in the queue
+                return (await busy).status_code
+
+        assert asyncio.run(scenario()) == 200
+        backend.delay = 0.0
+        page = scrape(f"{srv.url}/metrics")
+    assert page.get("te_request_failure", err="dropped") == 1
+    assert page.get("vectorpress_dropped_inputs") == 1
+    assert page.get("te_request_count", method="single") == 2
+    assert page.get("te_request_success", method="single") == 1
+    assert page.get("te_batch_next_size_sum") == 1

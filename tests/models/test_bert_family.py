@@ -11,9 +11,10 @@ from tests.helpers.reference import assert_close_vectors, st_encode, vp_embed
 from tests.helpers.texts import mixed_texts
 
 TEXTS = [*mixed_texts(24, seed=3, long_share=0.1), "a", "Hello world!", "x " * 300]
+ARCHS = ("bert", "roberta", "xlm-roberta", "camembert")
 
 
-@pytest.mark.parametrize("arch", ["bert", "roberta", "xlm-roberta", "camembert"])
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 def test_tiny_matches_sentence_transformers(
     tiny_bert_family: Callable[..., Path], arch: str, pooling: str

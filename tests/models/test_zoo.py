@@ -20,11 +20,14 @@ import pytest
 from tests.helpers.hf_reference import transformers_embed, transformers_logits
 from tests.helpers.reference import assert_close_vectors, st_encode
 from tests.helpers.texts import mixed_texts
+from tests.models.test_bert_family import ARCHS as BERT_FAMILY
+from vectorpress.backends.torch.registry import REGISTRY
 from vectorpress.server import Served, load
 from vectorpress.settings import Settings
 
-#: Native architectures beyond the BERT family (tests/models/test_bert_family.py has those).
-NATIVE = ("distilbert", "mpnet", "modernbert", "qwen2", "qwen3", "mistral", "gemma3_text")
+#: Every example the registry names, beyond the BERT family (test_bert_family.py has those):
+#: a new registry line is checked here as soon as it names its example.
+NATIVE = tuple(sorted({e for arch in REGISTRY.values() for e in arch.examples} - set(BERT_FAMILY)))
 DECODERS = ("qwen2", "qwen3", "mistral")
 
 # Long texts are truncated at 128 tokens, well past the tiny checkpoints' 16-token windows.

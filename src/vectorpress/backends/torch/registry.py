@@ -116,7 +116,7 @@ _ROBERTA = Architecture(
         tied=(("head.decoder.weight", "encoder.embeddings.word_embeddings.weight"),),
     ),
     ignore=(r"^embeddings\.position_ids$", r"^pooler\.", r"^lm_head\.", r"^classifier\."),
-    examples=("roberta", "xlm-roberta"),
+    examples=("roberta", "xlm-roberta", "camembert"),
 )
 
 _DISTILBERT = Architecture(

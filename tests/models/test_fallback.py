@@ -1,0 +1,76 @@
+"""The transformers fallback serves architectures that have no native model, over real HTTP."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.helpers.hf_reference import transformers_embed, transformers_logits
+from tests.helpers.reference import assert_close_vectors
+from tests.helpers.server import LiveServer
+from tests.helpers.texts import mixed_texts
+from vectorpress.backends.torch.registry import lookup
+from vectorpress.settings import Settings
+
+TEXTS = [*mixed_texts(10, seed=5, long_share=0.3), "a", "Hello world!"]
+
+
+@pytest.mark.parametrize(("arch", "pooling"), [("electra", "cls"), ("albert", "mean")])
+def test_embed_over_http_matches_transformers(
+    tiny: Callable[..., Path], arch: str, pooling: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert lookup(arch) is None, f"{arch} now has a native model; pick another for this test"
+    folder = tiny(arch, "embedding", pooling)
+    want = transformers_embed(folder, TEXTS, pooling)
+    with caplog.at_level(logging.INFO, logger="vectorpress.backends.select"):
+        server = LiveServer(Settings(model_id=str(folder)))
+        with server:
+            assert server.served is not None and server.served.backend.name == "hf"
+            response = httpx.post(f"{server.url}/embed", json={"inputs": TEXTS}, timeout=60)
+            info = httpx.get(f"{server.url}/info", timeout=10).json()
+    assert response.status_code == 200, response.text
+    assert_close_vectors(response.json(), want, max_abs=1e-4, what=f"{arch} /embed")
+    assert info["model_type"] == {"embedding": {"pooling": pooling}}
+    why = [r.getMessage() for r in caplog.records if r.name == "vectorpress.backends.select"]
+    assert any("backend hf serves" in m and "no native model" in m for m in why), why
+
+
+@pytest.mark.parametrize("arch", ["electra", "albert"])
+def test_predict_over_http_matches_transformers(tiny: Callable[..., Path], arch: str) -> None:
+    folder = tiny(arch, "classifier")
+    inputs = [TEXTS[0], TEXTS[3], "Hello world!"]
+    want = transformers_logits(folder, inputs, max_length=512)
+    labels = ["negative", "neutral", "positive"]
+    with LiveServer(Settings(model_id=str(folder))) as server:
+        assert server.served is not None and server.served.backend.name == "hf"
+        got = []
+        for text in inputs:
+            response = httpx.post(
+                f"{server.url}/predict",
+                json={"inputs": text, "raw_scores": True},
+                timeout=60,
+            )
+            assert response.status_code == 200, response.text
+            scores = {p["label"]: p["score"] for p in response.json()}
+            got.append([scores[label] for label in labels])
+        # A classifier refuses /embed as TEI does, and keeps serving.
+        embed = httpx.post(f"{server.url}/embed", json={"inputs": "x"}, timeout=10)
+        again = httpx.post(f"{server.url}/predict", json={"inputs": "x"}, timeout=10)
+    assert_close_vectors(np.array(got), want, max_abs=1e-4, what=f"{arch} /predict")
+    assert embed.status_code == 424, embed.text
+    assert again.status_code == 200, again.text
+
+
+def test_fallback_serves_when_asked_for_a_native_architecture(tiny: Callable[..., Path]) -> None:
+    """--backend hf wins over the registry: the escape hatch when a native model misbehaves."""
+    folder = tiny("bert", "embedding", "cls")
+    with LiveServer(Settings(model_id=str(folder), backend="hf")) as server:
+        assert server.served is not None and server.served.backend.name == "hf"
+        response = httpx.post(f"{server.url}/embed", json={"inputs": TEXTS}, timeout=60)
+    assert response.status_code == 200
+    assert_close_vectors(response.json(), transformers_embed(folder, TEXTS, "cls"), max_abs=1e-4)

@@ -218,8 +218,9 @@ async def serve(served: Served) -> None:
         server.also_stop = grpc_server.stop
     metrics_server: _MetricsServer | None = None
     if settings.prometheus_port is not None:
-        from vectorpress.api.metrics_route import metrics_app
+        from vectorpress.api.metrics_route import bind_listener, metrics_app
 
+        metrics_socket = bind_listener(settings.hostname, settings.prometheus_port)
         metrics_server = _MetricsServer(
             uvicorn.Config(
                 metrics_app(served.infer.metrics),
@@ -234,7 +235,7 @@ async def serve(served: Served) -> None:
         if metrics_server is None:
             await server.serve()
         else:
-            metrics_task = asyncio.ensure_future(metrics_server.serve())
+            metrics_task = asyncio.ensure_future(metrics_server.serve(sockets=[metrics_socket]))
             try:
                 await server.serve()
             finally:

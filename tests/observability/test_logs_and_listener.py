@@ -125,3 +125,35 @@ def test_json_output_lines_metrics_port_and_no_secrets(
     assert fields["max_batch_tokens"] == 16384 and fields["max_concurrent_requests"] == 512
     assert "max_batch_requests" in fields
     assert not any("not honoured" in m for m in messages)
+
+
+def test_a_taken_prometheus_port_stops_start_up_with_one_line(
+    tiny_bert_family: Callable[..., Path],
+) -> None:
+    folder = tiny_bert_family("bert", "embedding", "mean")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "vectorpress",
+                "serve",
+                "--model-id",
+                str(folder),
+                "--hostname",
+                "127.0.0.1",
+                "--port",
+                str(free_port()),
+                "--prometheus-port",
+                str(taken.getsockname()[1]),
+            ],
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert proc.returncode == 1
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--prometheus-port" in lines[0], proc.stderr

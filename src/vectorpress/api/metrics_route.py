@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 from fastapi import APIRouter, Request
 from starlette.applications import Starlette
 from starlette.responses import Response
@@ -9,6 +11,7 @@ from starlette.routing import Route
 
 from vectorpress.api.state import get_state
 from vectorpress.core.metrics import CONTENT_TYPE, Metrics
+from vectorpress.errors import StartupError
 
 router = APIRouter()
 
@@ -35,3 +38,18 @@ def metrics_app(metrics: Metrics) -> Starlette:
         return _page(metrics)
 
     return Starlette(routes=[Route("/{path:path}", page, methods=["GET"])])
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """Bind the --prometheus-port socket now, so a taken port stops start-up with one line
+    rather than killing a background task later."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise StartupError(f"--prometheus-port {port}: {exc.strerror or exc}") from None
+    sock.set_inheritable(True)
+    return sock

@@ -139,7 +139,11 @@ def test_predict_matches_transformers(
 
 def test_rerank_ties_put_the_higher_index_first(reranker_server: LiveServer) -> None:
     texts = ["same text", "other words", "same text", "same text"]
-    ranks = post(reranker_server, "/rerank", {"query": "q", "texts": texts}).json()
+    response = post(reranker_server, "/rerank", {"query": "q", "texts": texts})
+    # TEI counts the query once per text.
+    assert response.headers["x-compute-characters"] == str(len(texts) + sum(map(len, texts)))
+    assert response.headers["x-inference-time"].isdigit()
+    ranks = response.json()
     same = [r["index"] for r in ranks if r["index"] in (0, 2, 3)]
     assert same == [3, 2, 0]
     scores = [r["score"] for r in ranks]

@@ -129,5 +129,10 @@ def test_payload_limit(server: LiveServer) -> None:
         headers={**AUTH, "content-type": "application/json"},
     )
     assert_error(streamed, 413, "Validation", message)
+    # POST / reads its body itself, since its type depends on the model; same limit.
+    streamed_root = httpx.post(
+        f"{server.url}/", content=chunks(), headers={**AUTH, "content-type": "application/json"}
+    )
+    assert_error(streamed_root, 413, "Validation", message)
     just_under = {"inputs": "w" * (LIMIT - 100)}
     assert post(server, "/embed", just_under, headers=AUTH).status_code == 200

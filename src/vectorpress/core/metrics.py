@@ -182,7 +182,8 @@ class _Histogram:
 
 
 def _key(labels: dict[str, str]) -> Labels:
-    return tuple(sorted(labels.items()))
+    # Most calls carry no labels; skip the sort for them (this runs several times per input).
+    return tuple(sorted(labels.items())) if labels else ()
 
 
 class Metrics:

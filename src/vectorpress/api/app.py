@@ -6,6 +6,7 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from vectorpress import __version__
+from vectorpress.api import openapi
 from vectorpress.api.disconnect import DisconnectMiddleware
 from vectorpress.api.errors import install_error_handlers
 from vectorpress.api.guards import GuardMiddleware
@@ -32,6 +33,7 @@ def create_app(state: AppState) -> FastAPI:
     app.include_router(health_router)
     app.include_router(metrics_router)
     settings = state.settings
+    openapi.install(app, protected=settings.api_key is not None)
     # Middleware added last runs first: CORS answers preflights before the key is checked.
     app.add_middleware(DisconnectMiddleware)
     app.add_middleware(

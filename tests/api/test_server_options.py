@@ -136,3 +136,11 @@ def test_payload_limit(server: LiveServer) -> None:
     assert_error(streamed_root, 413, "Validation", message)
     just_under = {"inputs": "w" * (LIMIT - 100)}
     assert post(server, "/embed", just_under, headers=AUTH).status_code == 200
+
+
+def test_task_is_read_from_the_environment() -> None:
+    from vectorpress.cli import settings_from_args
+
+    env = {"MODEL_ID": "some/model", "TASK": "sentence-similarity"}
+    assert settings_from_args(["serve"], env=env).task == "sentence-similarity"
+    assert settings_from_args(["serve"], env={"MODEL_ID": "some/model"}).task is None

@@ -51,7 +51,10 @@ def test_embed_shapes_and_inputs(embedding_server: LiveServer) -> None:
     assert_close_vectors(single.json(), batch[:1], what="single vs batch")
     # A flat id list is one input; a list of id lists is a batch; ids and text may mix.
     ids = ids_of(embedding_server, "hello world")
-    by_ids = post(embedding_server, "/embed", {"inputs": ids}).json()
+    by_ids_response = post(embedding_server, "/embed", {"inputs": ids})
+    # For token-id inputs TEI counts ids as characters.
+    assert by_ids_response.headers["x-compute-characters"] == str(len(ids))
+    by_ids = by_ids_response.json()
     mixed = post(embedding_server, "/embed", {"inputs": [ids, "a second text"]}).json()
     assert len(by_ids) == 1 and len(mixed) == 2
     assert_close_vectors(by_ids + mixed[1:], batch, what="ids")

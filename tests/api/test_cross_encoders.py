@@ -78,6 +78,14 @@ def test_rerank_matches_cross_encoder(
         default = post(srv, "/", {"query": QUERY, "texts": TEXTS}).json()
         assert [r["index"] for r in default] == [r["index"] for r in ranks]
         assert list(default[0]) == ["index", "score"]
+        # Vertex: an instance with query and texts reranks; any other one predicts.
+        vertex = post(
+            srv,
+            "/vertex",
+            {"instances": [{"query": QUERY, "texts": TEXTS}, {"inputs": list(PAIRS[0])}]},
+        )
+        assert vertex.status_code == 200
+        assert vertex.json()["predictions"] == [default, pair]
 
 
 @pytest.mark.parametrize("arch", ["bert", "xlm-roberta"])

@@ -62,7 +62,8 @@ def test_every_tei_metric_with_counts_matching_the_traffic(
         ok = [embed({"inputs": t}) for t in texts[:3]]
         ok += [embed({"inputs": texts[3 + 4 * i : 7 + 4 * i]}) for i in range(2)]
         ok.append(embed({"inputs": long_text}))
-        assert [r.status_code for r in ok] == [200] * 6
+        ok.append(embed({"inputs": [texts[12]]}))  # a list of one is a batch request, as TEI
+        assert [r.status_code for r in ok] == [200] * 7
         tokens = sum(int(r.headers["x-compute-tokens"]) for r in ok)
 
         failed = {
@@ -76,15 +77,15 @@ def test_every_tei_metric_with_counts_matching_the_traffic(
     for name, kind in TEI_TYPES.items():
         assert page.types.get(name) == kind, f"{name}: {page.types.get(name)} != {kind}"
 
-    inputs = 3 + 8 + 1
+    inputs = 3 + 8 + 1 + 1
     assert page.get("te_request_count", method="single") == 3 + 1 + 1
-    assert page.get("te_request_count", method="batch") == 2 + 2
+    assert page.get("te_request_count", method="batch") == 3 + 2
     assert page.get("te_request_success", method="single") == 4
-    assert page.get("te_request_success", method="batch") == 2
+    assert page.get("te_request_success", method="batch") == 3
     for kind in FAILURE_KINDS:
         assert page.get("te_request_failure", err=kind) == (1 if kind in failed else 0), kind
-    assert page.get("te_request_duration_count") == 6
-    assert page.get("te_request_queue_duration_count") == 6
+    assert page.get("te_request_duration_count") == 7
+    assert page.get("te_request_queue_duration_count") == 7
     assert page.get("te_embed_count") == inputs
     assert page.get("te_embed_success") == inputs
     for stage in ("", "tokenization_", "queue_", "inference_"):
@@ -99,7 +100,7 @@ def test_every_tei_metric_with_counts_matching_the_traffic(
     # TEI's buckets: durations from 1.5e-5 s by a factor of 1.5 (computed as TEI computes
     # them, so the label is TEI's to the last digit), lengths up to the input limit.
     assert page.get("te_request_duration_bucket", le="0.000015000000000000002") == 0
-    assert page.get("te_request_duration_bucket", le="+Inf") == 6
+    assert page.get("te_request_duration_bucket", le="+Inf") == 7
     assert page.get("te_request_input_length_bucket", le="128") == inputs
     assert ("te_request_input_length_bucket", (("le", "256"),)) not in page.samples
 
@@ -138,6 +139,22 @@ def test_predict_traffic_counts_each_request_once(tiny_bert_family: Callable[...
     assert page.get("te_predict_count") == 4 and page.get("te_predict_success") == 4
     assert page.get("te_predict_duration_count") == 4
     assert page.get("te_embed_count") == 0
+
+
+def test_rerank_is_a_batch_request_whatever_its_size(
+    tiny_bert_family: Callable[..., Path],
+) -> None:
+    folder = tiny_bert_family("bert", "reranker")
+    with LiveServer(Settings(model_id=str(folder))) as srv:
+        for texts in (["only one"], ["one", "two", "three"]):
+            response = httpx.post(
+                f"{srv.url}/rerank", json={"query": "q", "texts": texts}, timeout=60
+            )
+            assert response.status_code == 200, response.text
+        page = scrape(f"{srv.url}/metrics")
+    assert page.get("te_request_count", method="batch") == 2
+    assert page.get("te_request_count", method="single") == 0
+    assert page.get("te_predict_count") == 4 and page.get("te_predict_success") == 4
 
 
 def _batch(lengths: list[int]) -> Batch:

@@ -167,16 +167,22 @@ class Infer:
             self.admission.release(n)
 
     async def _request(
-        self, n: int, call: Callable[[], Awaitable[Result[T]]], operation: str
+        self,
+        n: int,
+        call: Callable[[], Awaitable[Result[T]]],
+        operation: str,
+        batch: bool | None = None,
     ) -> Result[T]:
+        # TEI labels a request by the shape its caller sent (a list of one is a batch); a
+        # dialect that knows the shape says so, otherwise the count decides.
+        method = "batch" if (n != 1 if batch is None else batch) else "single"
         if self.tracer is None:
-            return await self._counted(n, call)
+            return await self._counted(method, call)
         with tracing.request_span(self.tracer, operation, n):
-            return await self._counted(n, call)
+            return await self._counted(method, call)
 
-    async def _counted(self, n: int, call: Callable[[], Awaitable[Result[T]]]) -> Result[T]:
+    async def _counted(self, method: str, call: Callable[[], Awaitable[Result[T]]]) -> Result[T]:
         """Count a request and time it; failures are counted by their error kind."""
-        method = "single" if n == 1 else "batch"
         self.metrics.inc("te_request_count", method=method)
         started = time.perf_counter()
         try:
@@ -212,6 +218,7 @@ class Infer:
         normalize: bool = True,
         dimensions: int | None = None,
         wait_for_permits: bool = False,
+        batch: bool | None = None,
     ) -> Result[list[np.ndarray]]:
         """Pooled vectors (Dense applied), then Matryoshka truncation, then normalization."""
 
@@ -239,7 +246,7 @@ class Infer:
                 vectors.append(postprocess.l2_normalize(v) if normalize else v)
             return self._result(vectors, run, self._chars(inputs))
 
-        return await self._request(len(inputs), call, "embed")
+        return await self._request(len(inputs), call, "embed", batch)
 
     async def embed_sparse(
         self,
@@ -249,6 +256,7 @@ class Infer:
         direction: Truncation = Truncation.RIGHT,
         prompt_name: str | None = None,
         wait_for_permits: bool = False,
+        batch: bool | None = None,
     ) -> Result[list[tuple[np.ndarray, np.ndarray]]]:
         """SPLADE vectors as (indices, values) of their non-zero entries."""
 
@@ -274,7 +282,7 @@ class Infer:
                 [postprocess.sparsify(v) for v in run.values], run, self._chars(inputs)
             )
 
-        return await self._request(len(inputs), call, "embed_sparse")
+        return await self._request(len(inputs), call, "embed_sparse", batch)
 
     async def embed_all(
         self,
@@ -284,6 +292,7 @@ class Infer:
         direction: Truncation = Truncation.RIGHT,
         prompt_name: str | None = None,
         wait_for_permits: bool = False,
+        batch: bool | None = None,
     ) -> Result[list[np.ndarray]]:
         """The last hidden state of every token, special and prompt tokens included."""
 
@@ -306,7 +315,7 @@ class Infer:
             )
             return self._result(run.values, run, self._chars(inputs))
 
-        return await self._request(len(inputs), call, "embed_all")
+        return await self._request(len(inputs), call, "embed_all", batch)
 
     async def similarity(
         self,
@@ -347,6 +356,7 @@ class Infer:
         direction: Truncation = Truncation.RIGHT,
         raw_scores: bool = False,
         wait_for_permits: bool = False,
+        batch: bool | None = None,
     ) -> Result[list[list[tuple[str, float]]]]:
         """Per input, every (label, score) sorted by score descending."""
 
@@ -372,7 +382,7 @@ class Infer:
             chars = sum(len(i) if isinstance(i, str) else len(i[0]) + len(i[1]) for i in inputs)
             return self._result(out, run, chars)
 
-        return await self._request(len(inputs), call, "predict")
+        return await self._request(len(inputs), call, "predict", batch)
 
     async def rerank(
         self,
@@ -407,7 +417,8 @@ class Infer:
             chars = len(query) * len(texts) + sum(len(t) for t in texts)
             return self._result(ranked, run, chars)
 
-        return await self._request(len(texts), call, "rerank")
+        # TEI counts every rerank as a batch request, whatever the number of texts.
+        return await self._request(len(texts), call, "rerank", batch=True)
 
     # -- tokenizer routes ----------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ async def run_predict(state: AppState, body: PredictRequest) -> tuple[Any, Resul
     inputs, is_batch = predict_batch(body.inputs)
     result = await state.infer.predict(
         inputs,
+        batch=is_batch,
         truncate=body.truncate,
         direction=to_truncation(body.truncation_direction),
         raw_scores=body.raw_scores,

@@ -25,9 +25,10 @@ router = APIRouter(tags=["Text Embeddings Inference"])
 
 
 async def run_embed(state: AppState, body: EmbedRequest) -> tuple[Any, Result[Any]]:
-    inputs, _ = as_batch(body.inputs)
+    inputs, is_batch = as_batch(body.inputs)
     result = await state.infer.embed(
         inputs,
+        batch=is_batch,
         truncate=body.truncate,
         direction=to_truncation(body.truncation_direction),
         prompt_name=body.prompt_name,
@@ -38,9 +39,10 @@ async def run_embed(state: AppState, body: EmbedRequest) -> tuple[Any, Result[An
 
 
 async def run_embed_all(state: AppState, body: EmbedAllRequest) -> tuple[Any, Result[Any]]:
-    inputs, _ = as_batch(body.inputs)
+    inputs, is_batch = as_batch(body.inputs)
     result = await state.infer.embed_all(
         inputs,
+        batch=is_batch,
         truncate=body.truncate,
         direction=to_truncation(body.truncation_direction),
         prompt_name=body.prompt_name,
@@ -49,9 +51,10 @@ async def run_embed_all(state: AppState, body: EmbedAllRequest) -> tuple[Any, Re
 
 
 async def run_embed_sparse(state: AppState, body: EmbedSparseRequest) -> tuple[Any, Result[Any]]:
-    inputs, _ = as_batch(body.inputs)
+    inputs, is_batch = as_batch(body.inputs)
     result = await state.infer.embed_sparse(
         inputs,
+        batch=is_batch,
         truncate=body.truncate,
         direction=to_truncation(body.truncation_direction),
         prompt_name=body.prompt_name,

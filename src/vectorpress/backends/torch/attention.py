@@ -30,9 +30,11 @@ class LengthGroup:
 class PackedSequences:
     """Sequence bounds of one batch, with the length groups computed once for every layer."""
 
-    def __init__(self, cu_seqlens: torch.Tensor, max_seqlen: int) -> None:
+    def __init__(self, cu_seqlens: torch.Tensor, max_seqlen: int, varlen: bool = False) -> None:
         self.cu_seqlens = cu_seqlens
         self.max_seqlen = max_seqlen
+        # Attention through varlen_attn, decided once at start-up (see `varlen_usable`).
+        self.varlen = varlen
         bounds = cu_seqlens.tolist()
         self.starts = bounds[:-1]
         self.lengths = [b - a for a, b in itertools.pairwise(bounds)]
@@ -111,6 +113,8 @@ def packed_attention(
     """
     n_heads, kv_heads = q.shape[1], k.shape[1]
     gqa = n_heads != kv_heads
+    if seqs.varlen and bias is None:
+        return varlen_attention(q, k, v, seqs, causal=causal, window=window, scale=scale)
     out = torch.empty_like(q)
     for group in seqs.groups:
         L, n = group.length, group.count
@@ -139,6 +143,56 @@ def packed_attention(
         else:
             out[group.index] = o
     return out
+
+
+def varlen_usable(device: str, dtype: torch.dtype) -> tuple[bool, str]:
+    """Whether FlashAttention through varlen_attn can run here, and why (for the start-up log).
+
+    FlashAttention takes float16 / bfloat16 on CUDA only; elsewhere the SDPA path serves.
+    """
+    if not device.startswith("cuda"):
+        return False, "not on CUDA"
+    if dtype not in (torch.float16, torch.bfloat16):
+        return False, f"FlashAttention needs float16 or bfloat16, not {dtype}"
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError:
+        return False, "torch has no torch.nn.attention.varlen"
+    return True, "FlashAttention on cu_seqlens"
+
+
+def varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seqs: PackedSequences,
+    *,
+    causal: bool = False,
+    window: int | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """The whole packed batch in one FlashAttention call on `cu_seqlens`: no gathers, no masks.
+
+    `window` keeps the meaning it has in packed_attention (|distance| <= window // 2); Flash's
+    `(left, right)` window counts tokens on each side, and a causal one has no right side.
+    """
+    from torch.nn.attention.varlen import varlen_attn
+
+    left = -1 if window is None else window // 2
+    right = 0 if causal else left
+    cu = seqs.cu_seqlens.to(torch.int32)
+    return varlen_attn(  # type: ignore[no-any-return]
+        q,
+        k,
+        v,
+        cu,
+        cu,
+        seqs.max_seqlen,
+        seqs.max_seqlen,
+        scale=scale,
+        window_size=(left, right),
+        enable_gqa=q.shape[1] != k.shape[1],
+    )
 
 
 def reference_attention(

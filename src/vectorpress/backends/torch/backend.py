@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from vectorpress.backends.torch.attention import PackedSequences
+from vectorpress.backends.torch.attention import PackedSequences, varlen_usable
 from vectorpress.backends.torch.heads import ClassificationHead, MLMHead, load_dense
 from vectorpress.backends.torch.loader import load_state_dict, remap, strict_load
 from vectorpress.backends.torch.pooling import pool, splade_pool
@@ -92,7 +92,9 @@ class TorchBackend:
         self.spec = spec
         self.arch = arch
         self.device = device
-        self.dtype = dtype or ("float32" if device == "cpu" else "float16")
+        self.dtype = dtype or ("float32" if device == "cpu" else arch.gpu_dtype)
+        if self.dtype == "float16" and arch.gpu_dtype != "float16":
+            log.warning("%s overflows in float16; prefer --dtype bfloat16", spec.model_type)
         torch_dtype = _DTYPES[self.dtype]
         model = build_model(spec, arch)
         model.eval().to(device=device, dtype=torch_dtype)
@@ -100,6 +102,8 @@ class TorchBackend:
         if fuse is not None:
             fuse()
         self.model = model
+        self.varlen, why = varlen_usable(device, torch_dtype)
+        log.info("attention: %s (%s)", "varlen_attn" if self.varlen else "sdpa", why)
         self.dense = [
             load_dense(d).eval().to(device=device, dtype=torch.float32) for d in spec.dense
         ]
@@ -107,7 +111,9 @@ class TorchBackend:
 
     def _encode(self, batch: Batch) -> tuple[torch.Tensor, PackedSequences]:
         dev = self.device
-        seqs = PackedSequences(torch.from_numpy(batch.cu_seqlens).to(dev), batch.max_seqlen)
+        seqs = PackedSequences(
+            torch.from_numpy(batch.cu_seqlens).to(dev), batch.max_seqlen, self.varlen
+        )
         hidden = self.model.encoder(
             torch.from_numpy(batch.input_ids).to(dev),
             torch.from_numpy(batch.token_type_ids).to(dev),

@@ -61,6 +61,8 @@ class Architecture:
     """Names of the tiny checkpoints in tests/ that exercise this line (checked by a test)."""
     classifier_pooling: str = "cls"
     """The token a classification head reads when the config does not say (decoders: last)."""
+    gpu_dtype: str = "float16"
+    """The default dtype off the CPU."""
 
     def build_encoder(self, config: dict[str, object]) -> nn.Module:
         module_name, cls_name = self.encoder.split(":")
@@ -184,10 +186,11 @@ _MODERNBERT = Architecture(
 )
 
 
-def _decoder(model_type: str, encoder: str) -> Architecture:
+def _decoder(model_type: str, encoder: str, gpu_dtype: str = "float16") -> Architecture:
     """Llama-style decoders: `model.` under task wrappers, a bias-free `score` classifier on the
     last token."""
     return Architecture(
+        gpu_dtype=gpu_dtype,
         model_types=(model_type,),
         encoder=encoder,
         base_prefixes=("model.",),
@@ -206,7 +209,8 @@ def _decoder(model_type: str, encoder: str) -> Architecture:
 _QWEN2 = _decoder("qwen2", "qwen2:Qwen2Model")
 _QWEN3 = _decoder("qwen3", "qwen3:Qwen3Model")
 _MISTRAL = _decoder("mistral", "mistral:MistralModel")
-_GEMMA3_TEXT = _decoder("gemma3_text", "gemma3_text:Gemma3TextModel")
+# Gemma3's activations outgrow float16's range (its own authors run it in bfloat16).
+_GEMMA3_TEXT = _decoder("gemma3_text", "gemma3_text:Gemma3TextModel", gpu_dtype="bfloat16")
 
 REGISTRY: dict[str, Architecture] = {
     model_type: arch

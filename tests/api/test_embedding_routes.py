@@ -12,6 +12,7 @@ import torch
 from tests.api.conftest import assert_error, post
 from tests.helpers.reference import assert_close_vectors
 from tests.helpers.server import LiveServer
+from vectorpress.settings import Settings
 
 TIMING_HEADERS = (
     "x-compute-type",
@@ -369,3 +370,24 @@ def test_info_and_openapi(embedding_server: LiveServer) -> None:
     assert "requestBody" in doc["paths"]["/rerank"]["post"]
     docs = httpx.get(f"{embedding_server.url}/docs")
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
+
+
+def test_default_prompt_name(embedding_folder: Path, embedding_server: LiveServer) -> None:
+    settings = Settings(model_id=str(embedding_folder), default_prompt_name="query")
+    with LiveServer(settings) as srv:
+
+        def same(got: httpx.Response, text: str) -> None:
+            assert got.status_code == 200, got.text
+            want = post(embedding_server, "/embed", {"inputs": text}).json()
+            vectors = got.json()
+            if isinstance(vectors, dict):  # OpenAI's shape
+                vectors = [d["embedding"] for d in vectors["data"]]
+            assert_close_vectors(vectors, want, min_cos=0.999999, what=text)
+
+        same(post(srv, "/embed", {"inputs": "hello"}), "query: hello")
+        same(post(srv, "/embed", {"inputs": "hello", "prompt_name": "passage"}), "passage: hello")
+        same(post(srv, "/v1/embeddings", {"input": "hello"}), "query: hello")
+        # Token ids with a prompt are decoded, prompted and encoded again.
+        same(post(srv, "/embed", {"inputs": ids_of(srv, "hello")}), "query: hello")
+        tokens = post(srv, "/tokenize", {"inputs": "hello"}).json()[0]
+        assert [t["text"] for t in tokens] == ["[CLS]", "query", ":", "hello", "[SEP]"]

@@ -9,6 +9,7 @@ in a mixed batch.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -67,6 +68,13 @@ def embed_each(s: Served, texts: Sequence[str]) -> np.ndarray:
     return np.stack(asyncio.run(run()))
 
 
+def embed_all(s: Served, texts: Sequence[str]) -> list[np.ndarray]:
+    async def run() -> list[np.ndarray]:
+        return (await s.infer.embed_all(list(texts))).values
+
+    return asyncio.run(run())
+
+
 def logits(s: Served, inputs: Sequence[str | tuple[str, str]]) -> np.ndarray:
     """Raw scores of Infer.predict, back in label-id order."""
 
@@ -99,9 +107,14 @@ def test_native_matches_transformers_and_the_padded_fallback(
         assert native.backend.name == "torch"
         packed = embed(native, TEXTS)
         alone = embed_each(native, TEXTS[:4] + TEXTS[-3:])
+        tokens = embed_all(native, TEXTS[:3])
     with served(folder, backend="hf") as fallback:
         assert fallback.backend.name == "hf" and fallback.backend.is_padded
         padded = embed(fallback, TEXTS)
+        padded_tokens = embed_all(fallback, TEXTS[:3])
+    for i, (got_t, want_t) in enumerate(zip(tokens, padded_tokens, strict=True)):
+        assert got_t.shape == want_t.shape, f"{arch} embed_all[{i}]"
+        assert_close_vectors(got_t, want_t, max_abs=1e-4, what=f"{arch} embed_all[{i}] tokens")
     assert_close_vectors(packed, want, max_abs=1e-4, what=f"{arch} native vs transformers")
     assert_close_vectors(padded, want, max_abs=1e-4, what=f"{arch} fallback vs transformers")
     assert_close_vectors(packed, padded, max_abs=1e-4, what=f"{arch} packed vs padded")
@@ -120,6 +133,36 @@ def test_native_matches_sentence_transformers(tiny: Callable[..., Path], arch: s
         assert native.backend.name == "torch"
         got = embed(native, TEXTS)
     assert_close_vectors(got, want, max_abs=1e-4, what=f"{arch} vs sentence-transformers")
+
+
+def test_qwen3_instruction_prompt_matches_sentence_transformers(
+    tiny: Callable[..., Path],
+) -> None:
+    """Qwen3-Embedding's layout: an instruction prompt on queries, none on documents."""
+    folder = tiny("qwen3", "embedding", "last_token", seed=1)  # its own folder: files change
+    prompts = {
+        "query": "Instruct: Given a web search query, retrieve relevant passages\nQuery:",
+        "document": "",
+    }
+    (folder / "config_sentence_transformers.json").write_text(
+        json.dumps({"prompts": prompts, "default_prompt_name": None})
+    )
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(folder), device="cpu")
+    queries = ["what is the capital of france?", TEXTS[3]]
+    want = model.encode(queries, prompt_name="query", normalize_embeddings=True)
+    want_docs = model.encode(TEXTS[:3], prompt_name="document", normalize_embeddings=True)
+
+    async def run(s: Served) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        q = await s.infer.embed(queries, prompt_name="query")
+        d = await s.infer.embed(TEXTS[:3], prompt_name="document")
+        return q.values, d.values
+
+    with served(folder) as native:
+        got, got_docs = asyncio.run(run(native))
+    assert_close_vectors(got, want, max_abs=1e-4, what="qwen3 queries with the prompt")
+    assert_close_vectors(got_docs, want_docs, max_abs=1e-4, what="qwen3 documents")
 
 
 def test_embeddinggemma_layout_with_bias_free_dense(tiny: Callable[..., Path]) -> None:

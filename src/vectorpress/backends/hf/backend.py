@@ -91,16 +91,19 @@ class HFBackend:
     @torch.inference_mode()
     def embed(self, batch: Batch) -> BatchOutput:
         inputs = self._padded(batch)
-        out = self.model(**inputs)
+        # Raw outputs of a SPLADE model are its per-token hidden states, as TEI's.
+        want_states = self.spec.is_splade and bool(batch.raw_indices)
+        out = self.model(**inputs, output_hidden_states=want_states)
         seqs = self._seqs(batch)
         which = list(batch.pooled_indices)
         pooled: np.ndarray | None = None
+        hidden: torch.Tensor | None = None
         if self.spec.is_splade:
-            logits = self._packed(out.logits, inputs)
             if which:
+                logits = self._packed(out.logits, inputs)
                 pooled = splade_pool(lambda x: x, logits, seqs, which).float().cpu().numpy()
-            # Raw outputs of a SPLADE model are its per-token hidden states, as TEI's.
-            hidden = self._packed(self._last_hidden(inputs), inputs) if batch.raw_indices else None
+            if want_states:
+                hidden = self._packed(out.hidden_states[-1], inputs)
         else:
             hidden = self._packed(out.last_hidden_state, inputs)
             if which:
@@ -116,10 +119,6 @@ class HFBackend:
                 for i in batch.raw_indices
             ]
         return BatchOutput(pooled, raw)
-
-    def _last_hidden(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        out = self.model(**inputs, output_hidden_states=True)
-        return out.hidden_states[-1]  # type: ignore[no-any-return]
 
     @torch.inference_mode()
     def predict(self, batch: Batch) -> BatchOutput:

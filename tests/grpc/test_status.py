@@ -250,3 +250,26 @@ def test_stream_error_ends_only_that_stream(minilm_grpc: Server) -> None:
     for g, w in zip(got, want, strict=False):
         assert g == pytest.approx(w, abs=1e-5)
     assert len(healthy) == len(texts)
+
+
+def test_malformed_messages_are_invalid_argument_in_their_slot(minilm_grpc: Server) -> None:
+    _, stubs = minilm_grpc
+    raw = {"request_serializer": lambda b: b}
+    unary = stubs.channel.unary_unary(
+        "/tei.v1.Embed/Embed", response_deserializer=pb.EmbedResponse.FromString, **raw
+    )
+    code, details = status_of(lambda: unary(b"\xff\xff\xff"))
+    assert code == Code.INVALID_ARGUMENT
+    assert "the message is not a valid tei.v1.EmbedRequest" in details
+    stream = stubs.channel.stream_stream(
+        "/tei.v1.Embed/EmbedStream", response_deserializer=pb.EmbedResponse.FromString, **raw
+    )
+    good = pb.EmbedRequest(inputs="fine").SerializeToString()
+    answers: list[object] = []
+    with pytest.raises(grpc.RpcError) as err:
+        for response in stream(iter([good, good, b"\xff\xff", good])):
+            answers.append(response)
+    assert len(answers) == 2
+    assert err.value.code() == Code.INVALID_ARGUMENT
+    assert "not a valid tei.v1.EmbedRequest" in err.value.details()
+    assert len(stubs.embed.Embed(pb.EmbedRequest(inputs="fine")).embeddings) == 384

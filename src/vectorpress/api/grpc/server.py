@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from vectorpress.api.grpc.auth import ApiKeyInterceptor
+from vectorpress.api.grpc.decoding import DecodeInterceptor
 from vectorpress.api.grpc.health import HealthWatcher
 from vectorpress.api.grpc.services import add_services
 from vectorpress.api.grpc.stubs import POOL, SERVICES
@@ -68,6 +69,8 @@ class GrpcServer:
             interceptors.append(GrpcTracingInterceptor(state.infer.tracer))
         if api_key:
             interceptors.append(ApiKeyInterceptor(api_key, SERVICES))
+        # After the key check: nothing is decoded for a caller without the key.
+        interceptors.append(DecodeInterceptor(SERVICES))
         server = grpc.aio.server(
             interceptors=interceptors,
             # A port already taken must fail start-up, not be shared with another process.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import httpx
@@ -391,3 +392,32 @@ def test_default_prompt_name(embedding_folder: Path, embedding_server: LiveServe
         same(post(srv, "/embed", {"inputs": ids_of(srv, "hello")}), "query: hello")
         tokens = post(srv, "/tokenize", {"inputs": "hello"}).json()[0]
         assert [t["text"] for t in tokens] == ["[CLS]", "query", ":", "hello", "[SEP]"]
+
+
+def test_pooled_and_raw_requests_share_batches_correctly(embedding_server: LiveServer) -> None:
+    """Concurrent /embed, /embed_all and /similarity answer as they do one at a time."""
+    texts = [f"text number {i} " + "word " * (i * 7 % 40) for i in range(24)]
+    bodies = [
+        ("/embed", {"inputs": texts[i : i + 3], "truncate": True}) for i in range(0, 24, 3)
+    ] + [("/embed_all", {"inputs": texts[i], "truncate": True}) for i in range(0, 24, 4)]
+    bodies.append(
+        ("/similarity", {"inputs": {"source_sentence": texts[0], "sentences": texts[1:5]}})
+    )
+    alone = [post(embedding_server, path, body).json() for path, body in bodies]
+
+    async def together() -> list[object]:
+        async with httpx.AsyncClient(base_url=embedding_server.url, timeout=60) as client:
+            responses = await asyncio.gather(
+                *(client.post(path, json=body) for path, body in bodies * 3)
+            )
+        assert all(r.status_code == 200 for r in responses)
+        return [r.json() for r in responses]
+
+    for i, got in enumerate(asyncio.run(together())):
+        want = alone[i % len(bodies)]
+        np.testing.assert_allclose(
+            np.concatenate([np.ravel(x) for x in got]),
+            np.concatenate([np.ravel(x) for x in want]),
+            atol=1e-5,
+            err_msg=str(bodies[i % len(bodies)][0]),
+        )

@@ -75,6 +75,10 @@ def test_every_tei_metric_with_counts_matching_the_traffic(
         }
         assert [r.status_code for r in failed.values()] == [422, 422, 429, 422]
         assert embed({"inputs": ""}).status_code == 400
+        too_long = httpx.post(
+            f"{srv.url}/tokenize", json={"inputs": "x" * 40_000}, headers=AUTH, timeout=60
+        )
+        assert too_long.status_code == 422, too_long.text
         page = scrape(f"{srv.url}/metrics")
 
     for name, kind in TEI_TYPES.items():
@@ -86,7 +90,7 @@ def test_every_tei_metric_with_counts_matching_the_traffic(
     assert page.get("te_request_success", method="single") == 4
     assert page.get("te_request_success", method="batch") == 3
     for kind in FAILURE_KINDS:
-        want = {"tokenization": 2}.get(kind, 1 if kind in failed else 0)
+        want = {"tokenization": 3}.get(kind, 1 if kind in failed else 0)
         assert page.get("te_request_failure", err=kind) == want, kind
     assert page.get("te_request_duration_count") == 7
     assert page.get("te_request_queue_duration_count") == 7

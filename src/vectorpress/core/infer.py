@@ -434,15 +434,24 @@ class Infer:
         prompt_name: str | None = None,
     ) -> list[list[Token]]:
         self.check_batch(len(inputs))
-        return await self.tokenizers.tokenize(
-            inputs, add_special_tokens=add_special_tokens, prompt_name=prompt_name
-        )
+        try:
+            return await self.tokenizers.tokenize(
+                inputs, add_special_tokens=add_special_tokens, prompt_name=prompt_name
+            )
+        except VectorpressError:
+            # TEI counts tokenizer-route failures, though not the requests themselves.
+            self.metrics.inc("te_request_failure", err="tokenization")
+            raise
 
     async def decode(
         self, ids: Sequence[Sequence[int]], *, skip_special_tokens: bool = True
     ) -> list[str]:
         self.check_batch(len(ids), "ids")
-        return await self.tokenizers.decode(ids, skip_special_tokens=skip_special_tokens)
+        try:
+            return await self.tokenizers.decode(ids, skip_special_tokens=skip_special_tokens)
+        except VectorpressError:
+            self.metrics.inc("te_request_failure", err="tokenization")
+            raise
 
     # -- health --------------------------------------------------------------------------------
 

@@ -130,3 +130,22 @@ def test_bad_grpc_port_stops_start_up(port: str) -> None:
     )
     assert done.returncode == 1
     assert f"--grpc-port must be between 0 and 65535, got {port}" in done.stderr
+
+
+def test_grpc_port_in_use_stops_start_up(tiny_bert_family: Callable[..., Path]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cmd = [sys.executable, "-m", "vectorpress", "serve", "--model-id"]
+        cmd += [str(tiny_bert_family()), "--hostname", "127.0.0.1", "--port", "0"]
+        done = subprocess.run(
+            [*cmd, "--grpc-port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert f"vectorpress: error: --grpc-port {port}: " in done.stderr

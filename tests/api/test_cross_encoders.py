@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from collections.abc import Callable
@@ -330,3 +331,27 @@ def test_tei_client_and_inference_client(
     top = inference_client(classifier_server.url).text_classification(SINGLES[0])
     best = post(classifier_server, "/predict", {"inputs": SINGLES[0]}).json()[0]
     assert (top.label, top.score) == (best["label"], pytest.approx(best["score"]))
+
+
+def test_concurrent_texts_and_pairs_score_as_alone(classifier_server: LiveServer) -> None:
+    bodies = [{"inputs": s} for s in SINGLES] + [{"inputs": list(p)} for p in PAIRS]
+    bodies.append({"inputs": [[SINGLES[0]], list(PAIRS[1])], "raw_scores": True})
+    alone = [post(classifier_server, "/predict", body).json() for body in bodies]
+
+    async def together() -> list[object]:
+        async with httpx.AsyncClient(base_url=classifier_server.url, timeout=60) as client:
+            responses = await asyncio.gather(
+                *(client.post("/predict", json=body) for body in bodies * 4)
+            )
+        return [r.json() for r in responses]
+
+    def flat(answer: list) -> list[tuple[str, float]]:  # type: ignore[type-arg]
+        one_input = isinstance(answer[0], dict)
+        return [
+            (p["label"], p["score"]) for one in ([answer] if one_input else answer) for p in one
+        ]
+
+    for i, got in enumerate(asyncio.run(together())):
+        want = flat(alone[i % len(bodies)])
+        assert [label for label, _ in flat(got)] == [label for label, _ in want]
+        np.testing.assert_allclose([s for _, s in flat(got)], [s for _, s in want], atol=1e-6)

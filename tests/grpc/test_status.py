@@ -273,3 +273,20 @@ def test_malformed_messages_are_invalid_argument_in_their_slot(minilm_grpc: Serv
     assert err.value.code() == Code.INVALID_ARGUMENT
     assert "not a valid tei.v1.EmbedRequest" in err.value.details()
     assert len(stubs.embed.Embed(pb.EmbedRequest(inputs="fine")).embeddings) == 384
+
+
+def test_cancelled_stream_gives_its_permits_back(
+    gated_grpc: tuple[LiveServer, Stubs, GatedBackend],
+) -> None:
+    srv, stubs, backend = gated_grpc
+    admission = srv.infer.admission
+    backend.gate.clear()
+    call = stubs.embed.EmbedStream(iter([pb.EmbedRequest(inputs=f"m{i}") for i in range(50)]))
+    wait_for(lambda: admission.available == 0 and len(admission._waiters) > 0, "stream waits")
+    call.cancel()
+    backend.gate.set()
+    wait_for(
+        lambda: admission.available == admission.capacity and not admission._waiters,
+        "every permit returned after the cancel",
+    )
+    assert len(stubs.embed.Embed(pb.EmbedRequest(inputs="after")).embeddings) == 32

@@ -119,6 +119,8 @@ def test_json_output_lines_metrics_port_and_no_secrets(
     loaded = messages.index("model loaded and warmed up")
     ready = next(i for i, m in enumerate(messages) if m.startswith("Ready"))
     assert loaded < ready, "the socket must open only after the model is loaded and warm"
+    assert records[loaded]["filename"] == "vectorpress/server.py"
+    assert not any("color_message" in r.get("fields", {}) for r in records)
     fields = records[loaded]["fields"]
     assert fields["model"] == str(folder)
     assert fields["backend"] == "torch" and fields["dtype"] == "float32"

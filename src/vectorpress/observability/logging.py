@@ -30,8 +30,22 @@ REDACTED = "<redacted>"
 # destroy the logs while protecting nothing.
 _MIN_SECRET_LENGTH = 4
 
-# Attributes every LogRecord has; anything else on a record came from `extra=`.
-_STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
+# Attributes every LogRecord has; anything else on a record came from `extra=`. uvicorn adds
+# `color_message`, the same text with terminal colour codes.
+_STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {
+    "message",
+    "asctime",
+    "taskName",
+    "color_message",
+}
+
+
+def _source(pathname: str) -> str:
+    """The file relative to its package root (vectorpress/server.py), as TEI logs it."""
+    for marker in ("/site-packages/", "/src/"):
+        if marker in pathname:
+            return pathname.rsplit(marker, 1)[1]
+    return pathname
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
@@ -65,7 +79,7 @@ class JsonFormatter(_Redacting):
             "level": record.levelname,
             "message": record.getMessage(),
             "target": record.name,
-            "filename": record.pathname,
+            "filename": _source(record.pathname),
             "line_number": record.lineno,
         }
         fields = _fields(record)

@@ -121,6 +121,7 @@ def test_every_tei_metric_with_counts_matching_the_traffic(
     assert page.get("vectorpress_batch_padding_efficiency_count") == batches
     assert page.get("vectorpress_batch_padding_efficiency_sum") == batches
     assert page.get("vectorpress_tokens_per_second", model="tiny") > 0
+    assert page.get("vectorpress_backend_busy_seconds") > 0
     assert page.types["vectorpress_info"] == "gauge"
     info = {k: v for (n, k), v in page.samples.items() if n == "vectorpress_info"}
     assert list(info.values()) == [1.0]
@@ -180,6 +181,7 @@ def test_padding_efficiency_of_a_padded_backend() -> None:
     assert np.isclose(page.get("vectorpress_batch_padding_efficiency_sum"), 8 / 12 + 1.0)
     assert page.get("vectorpress_batch_padding_efficiency_bucket", le="0.7") == 1
     assert page.get("vectorpress_batch_failures") == 1
+    assert np.isclose(page.get("vectorpress_backend_busy_seconds"), 0.02)
     # A failed batch was still formed: TEI's batch histograms count it.
     assert page.get("te_batch_next_size_count") == 3
 

@@ -149,6 +149,11 @@ def extra_defs() -> dict[str, MetricDef]:
         ),
         MetricDef("vectorpress_batch_failures", "counter", "Batches whose forward pass failed"),
         MetricDef(
+            "vectorpress_backend_busy_seconds",
+            "counter",
+            "Seconds the backend spent in successful forward passes (its rate is utilisation)",
+        ),
+        MetricDef(
             "vectorpress_truncated_inputs", "counter", "Inputs cut to the model's input limit"
         ),
         MetricDef(
@@ -269,15 +274,20 @@ class Metrics:
         self.inc("vectorpress_batch_real_tokens", tokens)
         self.inc("vectorpress_batch_computed_tokens", computed)
         self.inc("vectorpress_tokens", tokens, model=self.model)
+        self.inc("vectorpress_backend_busy_seconds", elapsed)
         now = time.monotonic()
         with self._lock:
             self._recent.append((now, tokens))
+            self._prune(now)  # here too, or a server nobody scrapes would grow without end
+
+    def _prune(self, now: float) -> None:
+        while self._recent and self._recent[0][0] < now - THROUGHPUT_WINDOW_S:
+            self._recent.popleft()
 
     def _tokens_per_second(self) -> float:
         now = time.monotonic()
         with self._lock:
-            while self._recent and self._recent[0][0] < now - THROUGHPUT_WINDOW_S:
-                self._recent.popleft()
+            self._prune(now)
             total = sum(n for _, n in self._recent)
         return total / THROUGHPUT_WINDOW_S
 

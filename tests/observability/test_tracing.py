@@ -56,6 +56,8 @@ def test_http_request_spans_follow_the_callers_trace(folder: Path) -> None:
             assert response.status_code == 200
             untraced = httpx.post(f"{srv.url}/embed", json={"inputs": "alone"}, timeout=60)
             assert untraced.status_code == 200
+            missing = httpx.get(f"{srv.url}/no/such/path/42", headers={"traceparent": header})
+            assert missing.status_code == 404
         # Leaving the server shuts the tracer provider down, which exports what is buffered.
         spans = list(receiver.spans)
 
@@ -63,6 +65,9 @@ def test_http_request_spans_follow_the_callers_trace(folder: Path) -> None:
     assert request.parent_span_id == caller_span
     assert request.kind == SERVER_KIND and request.service_name == "vp-test"
     assert request.attributes["http.response.status_code"] == 200
+    assert request.attributes["http.route"] == "/embed"
+    unmatched = one(spans, "GET", caller_trace)  # not named after a path nobody serves
+    assert unmatched.attributes["http.response.status_code"] == 404
     assert request.attributes["vectorpress.operation"] == "embed"
     assert request.attributes["vectorpress.inputs"] == 3
     for stage in ("tokenization", "queue", "inference"):

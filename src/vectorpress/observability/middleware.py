@@ -35,8 +35,10 @@ class TracingMiddleware:
             if k in (b"traceparent", b"tracestate")
         }
         method, path = scope["method"], scope["path"]
+        # Named after the matched route once routing is done; an unmatched path stays out of
+        # the name, so scanners probing random paths cannot flood a backend with span names.
         with self.tracer.start_as_current_span(
-            f"{method} {path}",
+            method,
             context=extract(carrier),
             kind=SpanKind.SERVER,
             attributes={"http.request.method": method, "url.path": path},
@@ -52,6 +54,10 @@ class TracingMiddleware:
             try:
                 await self.app(scope, receive, traced_send)
             finally:
+                route = getattr(scope.get("route"), "path", None)
+                if isinstance(route, str):
+                    span.update_name(f"{method} {route}")
+                    span.set_attribute("http.route", route)
                 span.set_attribute("http.response.status_code", status)
                 if status >= 500:
                     span.set_status(Status(StatusCode.ERROR))

@@ -209,7 +209,7 @@ def configure_logging(settings: Settings) -> None:
     """Plain or JSON lines on stdout (LOG_LEVEL sets the level); secrets never appear."""
     from vectorpress.observability.logging import configure
 
-    configure(settings)
+    configure(settings, level=os.environ.get("LOG_LEVEL", "info"))
     log.info("settings", extra={"settings": settings.redacted()})
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import os
 import sys
 from collections.abc import Iterable
 from typing import Any, TextIO
@@ -115,8 +114,10 @@ class TextFormatter(_Redacting):
         return self.redact(text)
 
 
-def configure(settings: Settings, stream: TextIO | None = None) -> logging.Handler:
-    """Install one handler on the root logger; LOG_LEVEL sets the level (default info)."""
+def configure(
+    settings: Settings, stream: TextIO | None = None, level: str = "info"
+) -> logging.Handler:
+    """Install one handler on the root logger, at `level` (the CLI passes LOG_LEVEL)."""
     secrets = (settings.api_key, settings.hf_token)
     formatter: logging.Formatter = (
         JsonFormatter(secrets, spans=not settings.disable_spans)
@@ -129,8 +130,7 @@ def configure(settings: Settings, stream: TextIO | None = None) -> logging.Handl
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
-    level = os.environ.get("LOG_LEVEL", "info").upper()
-    root.setLevel(getattr(logging, level, logging.INFO))
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))
     # Start-up probes of the optional backends and the HTTP client are noise at info level.
     for noisy in ("httpx", "httpcore", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(max(root.level, logging.WARNING))

@@ -63,7 +63,16 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+def _example(example: dict[str, Any]) -> ConfigDict:
+    """Unknown fields ignored, and an example request for /docs."""
+    return ConfigDict(extra="ignore", json_schema_extra={"examples": [example]})
+
+
 class EmbedRequest(_Body):
+    model_config = _example(
+        {"inputs": ["What is Deep Learning?", "Deep learning is a part of machine learning."]}
+    )
+
     inputs: Input
     truncate: StrictBool | None = None
     truncation_direction: Direction = "Right"
@@ -73,6 +82,8 @@ class EmbedRequest(_Body):
 
 
 class EmbedAllRequest(_Body):
+    model_config = _example({"inputs": "What is Deep Learning?"})
+
     inputs: Input
     truncate: StrictBool | None = None
     truncation_direction: Direction = "Right"
@@ -95,11 +106,25 @@ class SimilarityParameters(_Body):
 
 
 class SimilarityRequest(_Body):
+    model_config = _example(
+        {
+            "inputs": {
+                "source_sentence": "What is Deep Learning?",
+                "sentences": [
+                    "Deep learning is a part of machine learning.",
+                    "Cheese is made from milk.",
+                ],
+            }
+        }
+    )
+
     inputs: SimilarityInput
     parameters: SimilarityParameters | None = None
 
 
 class PredictRequest(_Body):
+    model_config = _example({"inputs": [["I like you."], ["Is it raining?", "It is sunny."]]})
+
     inputs: PredictInput
     truncate: StrictBool | None = None
     truncation_direction: Direction = "Right"
@@ -107,6 +132,13 @@ class PredictRequest(_Body):
 
 
 class RerankRequest(_Body):
+    model_config = _example(
+        {
+            "query": "What is Deep Learning?",
+            "texts": ["Deep Learning is not...", "Deep learning is..."],
+        }
+    )
+
     query: StrictStr
     texts: list[StrictStr]
     truncate: StrictBool | None = None
@@ -116,15 +148,21 @@ class RerankRequest(_Body):
 
 
 class TokenizeRequest(_Body):
+    model_config = _example({"inputs": "test"})
+
     inputs: StrictStr | list[StrictStr]
     add_special_tokens: StrictBool = True
     prompt_name: StrictStr | None = None
 
 
 class DecodeRequest(_Body):
+    model_config = _example({"ids": [101, 3231, 102]})
+
     ids: list[TokenId] | list[list[TokenId]]
     skip_special_tokens: StrictBool = True
 
 
 class VertexRequest(_Body):
+    model_config = _example({"instances": [{"inputs": "What is Deep Learning?"}]})
+
     instances: list[dict[str, Any]]

@@ -10,7 +10,10 @@ from vectorpress.api.native.schemas import Input
 
 
 class EmbeddingsRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(
+        extra="ignore",
+        json_schema_extra={"examples": [{"input": "What is Deep Learning?", "model": "my-model"}]},
+    )
 
     input: Input
     model: StrictStr | None = None

@@ -152,8 +152,9 @@ def _zoo_config(arch: str, common: dict[str, object]):  # type: ignore[no-untype
         tie_word_embeddings=False,
         **ids,
     )
-    passed = ("num_labels", "id2label", "label2id", "classifier_pooling")
-    extra = {k: v for k, v in common.items() if k in passed}
+    shared = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+    shared += ("intermediate_size", "max_position_embeddings")
+    extra = {k: v for k, v in common.items() if k not in shared}
     if arch == "distilbert":
         return tf.DistilBertConfig(
             vocab_size=vocab,
@@ -190,6 +191,8 @@ def _zoo_config(arch: str, common: dict[str, object]):  # type: ignore[no-untype
         return tf.Qwen3Config(head_dim=16, **decoder, **extra)
     if arch == "mistral":
         return tf.MistralConfig(sliding_window=16, **decoder, **extra)
+    if arch == "llama":
+        return tf.LlamaConfig(attention_bias=True, mlp_bias=True, **decoder, **extra)
     if arch == "gemma3_text":
         return tf.Gemma3TextConfig(
             head_dim=16,
@@ -264,6 +267,7 @@ ZOO = (
     "qwen2",
     "qwen3",
     "mistral",
+    "llama",
     "gemma3_text",
     "electra",
     "albert",

@@ -74,3 +74,27 @@ def test_fallback_serves_when_asked_for_a_native_architecture(tiny: Callable[...
         response = httpx.post(f"{server.url}/embed", json={"inputs": TEXTS}, timeout=60)
     assert response.status_code == 200
     assert_close_vectors(response.json(), transformers_embed(folder, TEXTS, "cls"), max_abs=1e-4)
+
+
+def test_native_type_with_rotary_scaling_it_lacks_goes_to_the_fallback(
+    tiny: Callable[..., Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """YaRN rotary scaling (long-context Qwen2 checkpoints) has no native tables: the fallback
+    serves it, says why, and matches transformers."""
+    yarn = {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 128,
+        "rope_theta": 10000.0,
+    }
+    folder = tiny("qwen2", "embedding", "last_token", rope_parameters=yarn)
+    want = transformers_embed(folder, TEXTS, "last_token")
+    with caplog.at_level(logging.INFO, logger="vectorpress.backends.select"):
+        server = LiveServer(Settings(model_id=str(folder)))
+        with server:
+            assert server.served is not None and server.served.backend.name == "hf"
+            response = httpx.post(f"{server.url}/embed", json={"inputs": TEXTS}, timeout=60)
+    assert response.status_code == 200, response.text
+    assert_close_vectors(response.json(), want, max_abs=1e-4, what="qwen2 yarn")
+    why = [r.getMessage() for r in caplog.records if r.name == "vectorpress.backends.select"]
+    assert any("'yarn' has no native implementation" in m for m in why), why

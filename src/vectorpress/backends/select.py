@@ -1,7 +1,8 @@
 """Pick the backend for a model and the hardware, in one documented order, and say why.
 
 Order: an explicit `--backend` wins; otherwise the native torch backend when the model's
-`model_type` is in the registry, else the transformers fallback.
+`model_type` is in the registry and its config has nothing the native model lacks (rotary
+scaling variants), else the transformers fallback.
 """
 
 from __future__ import annotations
@@ -23,10 +24,14 @@ def select_backend(spec: ModelSpec, settings: Settings) -> Backend:
     device = pick_device(settings.device)
     choice = settings.backend
     if choice == "auto":
-        if lookup(spec.model_type) is not None:
-            choice, why = "torch", f"model_type {spec.model_type!r} has a native packed model"
-        else:
+        arch = lookup(spec.model_type)
+        refusal = arch.refusal(spec.config) if arch is not None else None
+        if arch is None:
             choice, why = "hf", f"model_type {spec.model_type!r} has no native model"
+        elif refusal is not None:
+            choice, why = "hf", f"model_type {spec.model_type!r} is native, but {refusal}"
+        else:
+            choice, why = "torch", f"model_type {spec.model_type!r} has a native packed model"
     else:
         why = "--backend asked for it"
     log.info("backend %s serves %s: %s", choice, spec.architecture, why)

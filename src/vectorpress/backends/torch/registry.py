@@ -63,6 +63,16 @@ class Architecture:
     """The token a classification head reads when the config does not say (decoders: last)."""
     gpu_dtype: str = "float16"
     """The default dtype off the CPU."""
+    rotary: bool = False
+    """Rotary positions: configs with rotary scaling the native tables lack go to the fallback."""
+
+    def refusal(self, config: dict[str, Any]) -> str | None:
+        """Why this checkpoint, though of a native type, needs the fallback; None if it does not."""
+        if self.rotary:
+            from vectorpress.backends.torch.rotary import unsupported_rotary
+
+            return unsupported_rotary(config)
+        return None
 
     def build_encoder(self, config: dict[str, object]) -> nn.Module:
         module_name, cls_name = self.encoder.split(":")
@@ -183,6 +193,7 @@ _MODERNBERT = Architecture(
     ),
     ignore=(r"^head\.", r"^decoder\.", r"^classifier\."),
     examples=("modernbert",),
+    rotary=True,
 )
 
 
@@ -191,6 +202,7 @@ def _decoder(model_type: str, encoder: str, gpu_dtype: str = "float16") -> Archi
     last token."""
     return Architecture(
         gpu_dtype=gpu_dtype,
+        rotary=True,
         model_types=(model_type,),
         encoder=encoder,
         base_prefixes=("model.",),
@@ -209,6 +221,7 @@ def _decoder(model_type: str, encoder: str, gpu_dtype: str = "float16") -> Archi
 _QWEN2 = _decoder("qwen2", "qwen2:Qwen2Model")
 _QWEN3 = _decoder("qwen3", "qwen3:Qwen3Model")
 _MISTRAL = _decoder("mistral", "mistral:MistralModel")
+_LLAMA = _decoder("llama", "llama:LlamaModel")
 # Gemma3's activations outgrow float16's range (its own authors run it in bfloat16).
 _GEMMA3_TEXT = _decoder("gemma3_text", "gemma3_text:Gemma3TextModel", gpu_dtype="bfloat16")
 
@@ -223,6 +236,7 @@ REGISTRY: dict[str, Architecture] = {
         _QWEN2,
         _QWEN3,
         _MISTRAL,
+        _LLAMA,
         _GEMMA3_TEXT,
     )
     for model_type in arch.model_types

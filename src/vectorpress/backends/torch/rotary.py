@@ -38,6 +38,21 @@ def _rope_params(cfg: dict[str, Any], layer_type: str | None) -> dict[str, Any]:
     return dict(cfg.get("rope_scaling") or {})
 
 
+_SUPPORTED = ("default", "linear")
+
+
+def unsupported_rotary(cfg: dict[str, Any]) -> str | None:
+    """Why the native rotary tables cannot reproduce this config's, or None when they can."""
+    params = cfg.get("rope_parameters") or {}
+    candidates = [v for v in params.values() if isinstance(v, dict)] or [params]
+    candidates.append(cfg.get("rope_scaling") or {})
+    for p in candidates:
+        kind = p.get("rope_type") or p.get("type") or "default"
+        if kind not in _SUPPORTED:
+            return f"rotary scaling {kind!r} has no native implementation"
+    return None
+
+
 def rope_scale(cfg: dict[str, Any], layer_type: str | None) -> float:
     """Linear position scaling (Gemma3's global layers); other rotary variants are refused."""
     params = _rope_params(cfg, layer_type)

@@ -9,7 +9,5 @@ from vectorpress.backends.torch.models.qwen2 import DecoderModel, causal_window
 
 
 class MistralModel(DecoderModel):
-    qkv_bias = False
-
     def layer_windows(self, cfg: dict[str, Any]) -> list[int | None]:
         return [causal_window(cfg.get("sliding_window"))] * cfg["num_hidden_layers"]

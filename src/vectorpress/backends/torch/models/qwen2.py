@@ -1,4 +1,4 @@
-"""Qwen2, and the Llama-style decoder layout that Qwen3 and Mistral share with it.
+"""Qwen2, and the Llama-style decoder layout that Qwen3, Mistral and Llama share with it.
 
 Pre-RMSNorm decoder layers, rotary positions, grouped-query attention (k/v with fewer heads than
 q), a SiLU-gated MLP, a final RMSNorm. Served as an embedder the attention stays causal, as in
@@ -7,21 +7,22 @@ What differs between the three:
 
 - Qwen2: biases on q/k/v (not on o);
 - Qwen3: no biases, RMSNorm on each head of q and k before the rotation, an explicit head_dim;
-- Mistral: no biases, a sliding window on every layer.
+- Mistral: no biases, a sliding window on every layer;
+- Llama: biases everywhere or nowhere (`attention_bias`, `mlp_bias`), no window.
 
 Windows are causal: a token sees itself and the `sliding_window - 1` tokens before it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from vectorpress.backends.torch.attention import PackedSequences, packed_attention
-from vectorpress.backends.torch.rotary import RMSNorm, Rotary, rope_theta, rotate
+from vectorpress.backends.torch.rotary import RMSNorm, Rotary, rope_scale, rope_theta, rotate
 
 
 def causal_window(sliding_window: int | None) -> int | None:
@@ -29,17 +30,23 @@ def causal_window(sliding_window: int | None) -> int | None:
     return None if sliding_window is None else 2 * (int(sliding_window) - 1)
 
 
+class Biases(NamedTuple):
+    qkv: bool = False
+    o: bool = False
+    mlp: bool = False
+
+
 class DecoderAttention(nn.Module):
-    def __init__(self, cfg: dict[str, Any], qkv_bias: bool, qk_norm: bool) -> None:
+    def __init__(self, cfg: dict[str, Any], biases: Biases, qk_norm: bool) -> None:
         super().__init__()
         hidden = cfg["hidden_size"]
         self.heads = cfg["num_attention_heads"]
         self.kv_heads = cfg.get("num_key_value_heads") or self.heads
         self.head_dim = cfg.get("head_dim") or hidden // self.heads
-        self.q_proj = nn.Linear(hidden, self.heads * self.head_dim, bias=qkv_bias)
-        self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=qkv_bias)
-        self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=qkv_bias)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False)
+        self.q_proj = nn.Linear(hidden, self.heads * self.head_dim, bias=biases.qkv)
+        self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=biases.qkv)
+        self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=biases.qkv)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=biases.o)
         eps = cfg.get("rms_norm_eps", 1e-6)
         self.q_norm = RMSNorm(self.head_dim, eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, eps) if qk_norm else None
@@ -64,22 +71,22 @@ class DecoderAttention(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int) -> None:
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: dict[str, Any], qkv_bias: bool, qk_norm: bool) -> None:
+    def __init__(self, cfg: dict[str, Any], biases: Biases, qk_norm: bool) -> None:
         super().__init__()
         hidden, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
-        self.self_attn = DecoderAttention(cfg, qkv_bias, qk_norm)
-        self.mlp = GatedMLP(hidden, cfg["intermediate_size"])
+        self.self_attn = DecoderAttention(cfg, biases, qk_norm)
+        self.mlp = GatedMLP(hidden, cfg["intermediate_size"], biases.mlp)
         self.input_layernorm = RMSNorm(hidden, eps)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
 
@@ -111,23 +118,28 @@ def layer_windows(cfg: dict[str, Any]) -> list[int | None]:
 class DecoderModel(nn.Module):
     """Returns the final-normed hidden state of every real token, `(total_tokens, hidden)`."""
 
-    qkv_bias = False
     qk_norm = False
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__()
         hidden = cfg["hidden_size"]
+        biases = self.biases(cfg)
         self.embed_tokens = nn.Embedding(cfg["vocab_size"], hidden)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, self.qkv_bias, self.qk_norm) for _ in range(cfg["num_hidden_layers"])
+            DecoderLayer(cfg, biases, self.qk_norm) for _ in range(cfg["num_hidden_layers"])
         )
         self.norm = RMSNorm(hidden, cfg.get("rms_norm_eps", 1e-6))
         head_dim = cfg.get("head_dim") or hidden // cfg["num_attention_heads"]
-        self.rotary = Rotary(head_dim, rope_theta(cfg, None, "rope_theta", 10000.0))
+        self.rotary = Rotary(
+            head_dim, rope_theta(cfg, None, "rope_theta", 10000.0), rope_scale(cfg, None)
+        )
         self.windows = self.layer_windows(cfg)
 
     def layer_windows(self, cfg: dict[str, Any]) -> list[int | None]:
         return layer_windows(cfg)
+
+    def biases(self, cfg: dict[str, Any]) -> Biases:
+        return Biases()
 
     def forward(
         self,
@@ -144,4 +156,5 @@ class DecoderModel(nn.Module):
 
 
 class Qwen2Model(DecoderModel):
-    qkv_bias = True
+    def biases(self, cfg: dict[str, Any]) -> Biases:
+        return Biases(qkv=True)

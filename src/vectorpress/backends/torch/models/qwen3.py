@@ -11,5 +11,4 @@ from vectorpress.backends.torch.models.qwen2 import DecoderModel
 
 
 class Qwen3Model(DecoderModel):
-    qkv_bias = False
     qk_norm = True

@@ -77,6 +77,10 @@ def test_validation_rows(minilm_grpc: Server) -> None:
             lambda: tokenize.Decode(pb.DecodeRequest(ids=[10**6])),
             "outside the vocabulary",
         ),
+        (
+            lambda: embed.Embed(pb.EmbedRequest(inputs="hi", truncation_direction=7)),
+            "`truncation_direction` 7 is not RIGHT (0) or LEFT (1)",
+        ),
     ]
     for call, text in cases:
         code, details = status_of(call)
@@ -102,7 +106,10 @@ def test_rerank_and_predict_pair_validation(reranker_grpc: Server) -> None:
         code, details = status_of(
             lambda n=n: stubs.predict.PredictPair(pb.PredictPairRequest(inputs=["a"] * n))
         )
-        assert code == Code.INVALID_ARGUMENT and "one text or a pair" in details
+        assert (code, details) == (
+            Code.INVALID_ARGUMENT,
+            f"`inputs` must have a single or two elements. Given: {n}",
+        )
     code, details = status_of(
         lambda: stubs.predict.PredictPair(pb.PredictPairRequest(inputs=["", ""]))
     )
@@ -127,9 +134,22 @@ def test_wrong_model_type_is_failed_precondition(
             lambda: embedder.predict.Predict(pb.PredictRequest(inputs="x")),
             "Model is not a classifier model",
         ),
+    ]
+    for call, text in cases:
+        code, details = status_of(call)
+        assert code == Code.FAILED_PRECONDITION, details
+        assert details.startswith("Backend error: ") and text in details, details
+    # TEI's gRPC Rerank words its two without the prefix.
+    rerank_cases = [
         (
             lambda: embedder.rerank.Rerank(pb.RerankRequest(query="q", texts=["t"])),
-            "Model is not a classifier model",
+            "model is not a classifier model",
+        ),
+        (
+            lambda: embedder.rerank.RerankStream(
+                iter([pb.RerankStreamRequest(query="q", text="t")])
+            ),
+            "model is not a classifier model",
         ),
         (
             lambda: classifier.rerank.Rerank(pb.RerankRequest(query="q", texts=["t"])),
@@ -142,10 +162,11 @@ def test_wrong_model_type_is_failed_precondition(
             "model is not a re-ranker model",
         ),
     ]
-    for call, text in cases:
-        code, details = status_of(call)
-        assert code == Code.FAILED_PRECONDITION, details
-        assert details.startswith("Backend error: ") and text in details, details
+    for call, text in rerank_cases:
+        assert status_of(call) == (Code.FAILED_PRECONDITION, text)
+    # An empty list is refused before the model type is looked at.
+    code, details = status_of(lambda: classifier.rerank.Rerank(pb.RerankRequest(query="q")))
+    assert (code, details) == (Code.INVALID_ARGUMENT, "`texts` cannot be empty")
 
 
 def test_splade_normalize_and_embed_all_are_failed_precondition(splade_grpc: Server) -> None:

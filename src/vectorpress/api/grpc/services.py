@@ -59,8 +59,14 @@ def metadata(result: Result[Any]) -> Any:
 
 
 def direction(value: int) -> Truncation:
-    # Unknown enum numbers read as the default, as a proto3 enum getter does.
-    return Truncation.LEFT if value == pb.TRUNCATION_DIRECTION_LEFT else Truncation.RIGHT
+    if value == pb.TRUNCATION_DIRECTION_RIGHT:
+        return Truncation.RIGHT
+    if value == pb.TRUNCATION_DIRECTION_LEFT:
+        return Truncation.LEFT
+    # proto3 enums are open: a client can send any number (TEI's server panics on one).
+    raise ValidationError(
+        f"Input validation error: `truncation_direction` {value} is not RIGHT (0) or LEFT (1)"
+    )
 
 
 def optional(message: Any, field: str) -> Any:
@@ -104,11 +110,12 @@ class _Service:
             await _fail(context, exc)
 
     def _require_reranker(self) -> None:
+        # TEI's gRPC words these two without the "Backend error: " of the other routes.
         kind = self.infer.spec.kind
         if kind == "embedding":
-            raise ModelTypeError("Backend error: Model is not a classifier model")
+            raise ModelTypeError("model is not a classifier model")
         if kind != "reranker":
-            raise ModelTypeError("Backend error: model is not a re-ranker model")
+            raise ModelTypeError("model is not a re-ranker model")
 
 
 class InfoService(_Service, pb_grpc.InfoServicer):
@@ -213,9 +220,7 @@ def _pair(texts: Any) -> PairInput:
         return str(texts[0])
     if len(texts) == 2:
         return (str(texts[0]), str(texts[1]))
-    raise ValidationError(
-        f"`inputs` must hold one text or a pair of texts, got {len(texts)} elements"
-    )
+    raise ValidationError(f"`inputs` must have a single or two elements. Given: {len(texts)}")
 
 
 class PredictService(_Service, pb_grpc.PredictServicer):
@@ -263,11 +268,11 @@ class RerankService(_Service, pb_grpc.RerankServicer):
         return [pb.Rank(index=i, score=s, text=texts[i]) for i, s in order]
 
     async def _rerank(self, req: Any) -> Answer:
-        self._require_reranker()
         texts = list(req.texts)
         if not texts:
             # INVALID_ARGUMENT either way; TEI's gRPC reports this one as Validation.
             raise ValidationError("`texts` cannot be empty")
+        self._require_reranker()
         result = await self.infer.rerank(
             req.query,
             texts,

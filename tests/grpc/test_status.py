@@ -311,3 +311,26 @@ def test_cancelled_stream_gives_its_permits_back(
         "every permit returned after the cancel",
     )
     assert len(stubs.embed.Embed(pb.EmbedRequest(inputs="after")).embeddings) == 32
+
+
+def test_http_and_grpc_share_one_set_of_permits(
+    gated_grpc: tuple[LiveServer, Stubs, GatedBackend],
+) -> None:
+    """One process, one Infer: permits held by gRPC calls make HTTP answer 429, and back."""
+    import httpx
+
+    srv, stubs, backend = gated_grpc
+    admission = srv.infer.admission
+    backend.gate.clear()
+    with ThreadPoolExecutor(4) as pool:
+        held = [pool.submit(stubs.embed.Embed, pb.EmbedRequest(inputs=f"h{i}")) for i in range(4)]
+        wait_for(lambda: admission.available == 0, "gRPC holds every permit")
+        response = httpx.post(f"{srv.url}/embed", json={"inputs": "http"}, timeout=30)
+        assert response.status_code == 429, response.text
+        assert response.json()["error_type"] == "Overloaded"
+        backend.gate.set()
+        assert all(len(f.result(60).embeddings) == 32 for f in held)
+    response = httpx.post(f"{srv.url}/embed", json={"inputs": "http"}, timeout=30)
+    assert response.status_code == 200
+    grpc_vector = stubs.embed.Embed(pb.EmbedRequest(inputs="http")).embeddings
+    assert response.json()[0] == pytest.approx(list(grpc_vector), abs=1e-6)

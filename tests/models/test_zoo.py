@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -214,3 +215,40 @@ def test_distilbert_splade_native_equals_fallback(tiny: Callable[..., Path]) -> 
         padded = embed(fallback, TEXTS[-4:], normalize=False)
     assert packed.shape == (4, 30522)
     assert_close_vectors(packed, padded, max_abs=1e-4, what="distilbert splade")
+
+
+# Configs as checkpoints on the Hub still spell them (written before transformers 5): rotary
+# bases and layer patterns under their old names, with values unlike the defaults.
+LEGACY_CONFIGS = {
+    "modernbert": {
+        "global_rope_theta": 80000.0,
+        "local_rope_theta": 5000.0,
+        "global_attn_every_n_layers": 2,
+    },
+    "gemma3_text": {
+        "rope_theta": 50000.0,
+        "rope_local_base_freq": 2000.0,
+        "rope_scaling": None,
+        "sliding_window_pattern": 2,
+    },
+    "qwen3": {"rope_theta": 50000.0, "rope_scaling": None, "use_sliding_window": False},
+}
+
+
+@pytest.mark.parametrize("arch", sorted(LEGACY_CONFIGS))
+def test_pre_transformers5_config_keys(
+    tiny: Callable[..., Path], tmp_path: Path, arch: str
+) -> None:
+    folder = tmp_path / arch
+    shutil.copytree(tiny(arch, "embedding", "mean"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    for key in ("rope_parameters", "layer_types"):
+        config.pop(key, None)
+    config.update(LEGACY_CONFIGS[arch])
+    (folder / "config.json").write_text(json.dumps(config))
+    texts = TEXTS[:6] + TEXTS[-3:]
+    want = transformers_embed(folder, texts, "mean")
+    with served(folder) as native:
+        assert native.backend.name == "torch"
+        got = embed(native, texts)
+    assert_close_vectors(got, want, max_abs=1e-4, what=f"{arch} with a legacy config")

@@ -10,13 +10,14 @@ only attention sees sequence bounds. Attribute names follow the Hugging Face sta
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from vectorpress.backends.torch.attention import PackedSequences, packed_attention
-from vectorpress.backends.torch.layers import activation
+from vectorpress.backends.torch.layers import FusedLinear, activation
 
 
 class BertEmbeddings(nn.Module):
@@ -84,29 +85,49 @@ class BertLayer(nn.Module):
         self.attention = BertAttention(hidden, eps)
         self.intermediate = BertIntermediate(hidden, cfg["intermediate_size"])
         self.output = BertOutput(hidden, cfg["intermediate_size"], eps)
-        self.act = activation(cfg.get("hidden_act", "gelu"))
-        self.register_buffer("qkv_weight", torch.empty(0), persistent=False)
-        self.register_buffer("qkv_bias", torch.empty(0), persistent=False)
+        self.act_name = cfg.get("hidden_act", "gelu")
+        self.act = activation(self.act_name)
+        self.fused: _FusedBertLayer | None = None
 
-    def fuse(self) -> None:
-        """One (3 * hidden, hidden) projection instead of three: one GEMM per layer."""
+    def fuse(self, fast: bool = True) -> None:
+        """Prepare the layer's GEMMs once the weights are final: Q, K and V as one projection,
+        the FFN activation fused into its GEMM, weights in the kernel's layout."""
         sa = self.attention.self
-        self.qkv_weight = torch.cat([sa.query.weight, sa.key.weight, sa.value.weight]).detach()
-        self.qkv_bias = torch.cat([sa.query.bias, sa.key.bias, sa.value.bias]).detach()
+        qkv_weight = torch.cat([sa.query.weight, sa.key.weight, sa.value.weight])
+        qkv_bias = torch.cat([sa.query.bias, sa.key.bias, sa.value.bias])
+        self.fused = _FusedBertLayer(
+            qkv=FusedLinear(qkv_weight, qkv_bias, fast=fast),
+            attn_out=FusedLinear.of(self.attention.output.dense, fast=fast),
+            ffn_in=FusedLinear.of(self.intermediate.dense, self.act_name, fast=fast),
+            ffn_out=FusedLinear.of(self.output.dense, fast=fast),
+        )
 
     def forward(self, x: torch.Tensor, seqs: PackedSequences) -> torch.Tensor:
         total, hidden = x.shape
-        if self.qkv_weight.numel():
-            qkv = nn.functional.linear(x, self.qkv_weight, self.qkv_bias)
-        else:
+        fused = self.fused
+        if fused is None:
             sa = self.attention.self
             qkv = torch.cat([sa.query(x), sa.key(x), sa.value(x)], dim=-1)
+        else:
+            qkv = fused.qkv(x)
         q, k, v = qkv.view(total, 3, self.heads, hidden // self.heads).unbind(1)
         ctx = packed_attention(q, k, v, seqs).reshape(total, hidden)
         out = self.attention.output
-        x = out.LayerNorm(out.dense(ctx) + x)
-        h = self.act(self.intermediate.dense(x))
-        return self.output.LayerNorm(self.output.dense(h) + x)
+        if fused is None:
+            x = out.LayerNorm(out.dense(ctx) + x)
+            h = self.act(self.intermediate.dense(x))
+            return self.output.LayerNorm(self.output.dense(h) + x)
+        x = out.LayerNorm(fused.attn_out(ctx).add_(x))
+        h = fused.ffn_in(x)
+        return self.output.LayerNorm(fused.ffn_out(h).add_(x))
+
+
+@dataclass
+class _FusedBertLayer:
+    qkv: FusedLinear
+    attn_out: FusedLinear
+    ffn_in: FusedLinear
+    ffn_out: FusedLinear
 
 
 class BertEncoder(nn.Module):
@@ -123,9 +144,10 @@ class BertModel(nn.Module):
         self.embeddings = BertEmbeddings(cfg)
         self.encoder = BertEncoder(cfg)
 
-    def fuse(self) -> None:
+    def fuse(self, fast: bool = True) -> None:
+        """`fast=False` keeps F.linear everywhere: the reference the fast path is tested on."""
         for layer in self.encoder.layer:
-            layer.fuse()
+            layer.fuse(fast)
 
     def forward(
         self,

@@ -1,0 +1,78 @@
+"""The oneDNN linear path gives the same numbers as F.linear, layer by layer and end to end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.helpers.reference import assert_close_vectors, st_encode
+from tests.helpers.texts import mixed_texts
+from vectorpress.backends.torch.backend import TorchBackend
+from vectorpress.backends.torch.layers import _ONEDNN_POSTOPS, FusedLinear, onednn_supported
+from vectorpress.model_spec import load_model_spec
+from vectorpress.settings import Settings
+from vectorpress.types import Batch, Encoding
+
+
+def _encodings(folder: Path, texts: list[str]) -> list[Encoding]:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.no_padding()
+    tok.enable_truncation(256)
+    return [Encoding(ids=e.ids, type_ids=e.type_ids) for e in tok.encode_batch(texts)]
+
+
+def _embed(backend: TorchBackend, encodings: list[Encoding]) -> np.ndarray:
+    out = backend.embed(Batch.from_encodings(encodings))
+    assert out.pooled is not None
+    return out.pooled
+
+
+@pytest.mark.parametrize("act", [None, *_ONEDNN_POSTOPS])
+def test_packed_linear_matches_f_linear(act: str | None) -> None:
+    gen = torch.Generator().manual_seed(1)
+    weight = torch.randn(96, 64, generator=gen) / 8
+    bias = torch.randn(96, generator=gen)
+    x = torch.randn(37, 64, generator=gen)
+    fast = FusedLinear(weight, bias, act)
+    slow = FusedLinear(weight, bias, act, fast=False)
+    assert not slow.onednn
+    # On this project's CPU builds oneDNN is always there: a silent fallback would hide a
+    # regression of the fast path, so it must really be engaged.
+    assert fast.onednn == onednn_supported(torch.float32)
+    assert fast.onednn
+    want = F.linear(x, weight, bias)
+    if act is not None:
+        want = {"gelu": F.gelu, "relu": F.relu, "tanh": torch.tanh}.get(
+            act, slow.act or (lambda t: t)
+        )(want)
+    torch.testing.assert_close(slow(x), want)
+    torch.testing.assert_close(fast(x), want, rtol=1e-4, atol=1e-5)
+
+
+def test_unknown_activation_falls_back_unfused() -> None:
+    weight, bias = torch.randn(8, 4), torch.randn(8)
+    layer = FusedLinear(weight, bias, "identity")
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(layer(x), F.linear(x, weight, bias), rtol=1e-4, atol=1e-5)
+
+
+def test_fast_model_matches_the_f_linear_model_and_sentence_transformers(minilm: Path) -> None:
+    spec = load_model_spec(minilm, Settings(model_id=str(minilm)))
+    backend = TorchBackend(spec, "cpu", "float32")
+    layer = backend.model.encoder.encoder.layer[0]
+    assert layer.fused is not None and layer.fused.ffn_in.onednn
+    texts = mixed_texts(48, seed=3)
+    encodings = _encodings(minilm, texts)
+    fast = _embed(backend, encodings)
+    backend.model.encoder.fuse(fast=False)
+    assert not backend.model.encoder.encoder.layer[0].fused.ffn_in.onednn
+    slow = _embed(backend, encodings)
+    assert_close_vectors(fast, slow, min_cos=0.999999, max_abs=1e-4, what="oneDNN vs F.linear")
+    norm = fast / np.linalg.norm(fast, axis=1, keepdims=True)
+    assert_close_vectors(norm, st_encode(minilm, texts), min_cos=0.99999, what="vs ST")

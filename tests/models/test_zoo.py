@@ -207,14 +207,17 @@ def test_native_heads_match_transformers(
     assert_close_vectors(padded, want, max_abs=1e-4, what=f"{arch} {task} fallback logits")
 
 
-def test_distilbert_splade_native_equals_fallback(tiny: Callable[..., Path]) -> None:
-    folder = tiny("distilbert", "mlm")
-    with served(folder, pooling="splade") as native:
-        packed = embed(native, TEXTS[-4:], normalize=False)
+@pytest.mark.parametrize("arch", ["distilbert", "mpnet", "modernbert"])
+def test_splade_native_equals_fallback(tiny: Callable[..., Path], arch: str) -> None:
+    """Native SPLADE heads match transformers' masked-LM; ModernBERT's, not native, falls back."""
+    folder = tiny(arch, "mlm")
+    with served(folder, pooling="splade") as auto:
+        assert auto.backend.name == ("hf" if arch == "modernbert" else "torch")
+        packed = embed(auto, TEXTS[-4:], normalize=False)
     with served(folder, pooling="splade", backend="hf") as fallback:
         padded = embed(fallback, TEXTS[-4:], normalize=False)
     assert packed.shape == (4, 30522)
-    assert_close_vectors(packed, padded, max_abs=1e-4, what="distilbert splade")
+    assert_close_vectors(packed, padded, max_abs=1e-4, what=f"{arch} splade")
 
 
 # Configs as checkpoints on the Hub still spell them (written before transformers 5): rotary

@@ -1,8 +1,8 @@
 """Pick the backend for a model and the hardware, in one documented order, and say why.
 
 Order: an explicit `--backend` wins; otherwise the native torch backend when the model's
-`model_type` is in the registry and its config has nothing the native model lacks (rotary
-scaling variants), else the transformers fallback.
+`model_type` is in the registry and the checkpoint needs nothing the native model lacks (a
+rotary scaling variant, a masked-LM head for SPLADE), else the transformers fallback.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def select_backend(spec: ModelSpec, settings: Settings) -> Backend:
     choice = settings.backend
     if choice == "auto":
         arch = lookup(spec.model_type)
-        refusal = arch.refusal(spec.config) if arch is not None else None
+        refusal = arch.refusal(spec.config, spec.is_splade) if arch is not None else None
         if arch is None:
             choice, why = "hf", f"model_type {spec.model_type!r} has no native model"
         elif refusal is not None:

@@ -66,8 +66,10 @@ class Architecture:
     rotary: bool = False
     """Rotary positions: configs with rotary scaling the native tables lack go to the fallback."""
 
-    def refusal(self, config: dict[str, Any]) -> str | None:
+    def refusal(self, config: dict[str, Any], splade: bool = False) -> str | None:
         """Why this checkpoint, though of a native type, needs the fallback; None if it does not."""
+        if splade and self.mlm is None:
+            return "its masked-LM head (for SPLADE) has no native implementation"
         if self.rotary:
             from vectorpress.backends.torch.rotary import unsupported_rotary
 

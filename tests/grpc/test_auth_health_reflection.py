@@ -14,7 +14,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
-from tests.grpc.conftest import Stubs
+from tests.grpc.clients import Stubs
 from tests.helpers.server import LiveServer
 from vectorpress.api.grpc.stubs import pb
 from vectorpress.settings import Settings

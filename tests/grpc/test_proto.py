@@ -89,7 +89,7 @@ def test_stubs_share_a_process_with_another_compiled_tei_proto() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_codegen_writes_a_complete_importable_set(tmp_path: Path) -> None:
+def test_codegen_writes_a_complete_set_and_remakes_stale_stubs(tmp_path: Path) -> None:
     out = tmp_path / "gen"
     codegen.generate(out=out)
     names = sorted(p.name for p in out.iterdir())

@@ -8,7 +8,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.grpc.conftest import Stubs, splade_path
+from tests.grpc.clients import Stubs, splade_path
 from tests.grpc.reference import hf_logits, sigmoid, softmax
 from tests.helpers.reference import assert_close_vectors
 from tests.helpers.server import LiveServer

@@ -13,7 +13,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.grpc.backend import GatedBackend
-from tests.grpc.conftest import Stubs
+from tests.grpc.clients import Stubs
 from tests.helpers.server import LiveServer
 from vectorpress.api.grpc.services import status_code
 from vectorpress.api.grpc.stubs import pb

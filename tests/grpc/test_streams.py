@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.grpc.conftest import Stubs
+from tests.grpc.clients import Stubs
 from tests.helpers.server import LiveServer
 from tests.helpers.texts import sentences
 from vectorpress.api.grpc.stubs import pb

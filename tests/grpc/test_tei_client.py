@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.grpc.conftest import Stubs
+from tests.grpc.clients import Stubs
 from tests.helpers.reference import assert_close_vectors
 from tests.helpers.server import LiveServer
 from vectorpress.api.grpc.stubs import pb

@@ -210,16 +210,11 @@ async def serve(served: Served) -> None:
         timeout_graceful_shutdown=30,
     )
     server = _Server(config)
-    grpc_server = None
-    if settings.grpc_port is not None:
-        from vectorpress.api.grpc.server import GrpcServer
-
-        grpc_server = await GrpcServer.from_settings(served.state)
-        server.also_stop = grpc_server.stop
     metrics_server: _MetricsServer | None = None
     if settings.prometheus_port is not None:
         from vectorpress.api.metrics_route import bind_listener, metrics_app
 
+        # Bound before gRPC starts: a taken port then stops start-up with nothing to undo.
         metrics_socket = bind_listener(settings.hostname, settings.prometheus_port)
         metrics_server = _MetricsServer(
             uvicorn.Config(
@@ -231,6 +226,12 @@ async def serve(served: Served) -> None:
                 lifespan="off",
             )
         )
+    grpc_server = None
+    if settings.grpc_port is not None:
+        from vectorpress.api.grpc.server import GrpcServer
+
+        grpc_server = await GrpcServer.from_settings(served.state)
+        server.also_stop = grpc_server.stop
     try:
         if metrics_server is None:
             await server.serve()

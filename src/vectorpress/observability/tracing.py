@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 
-# Entries carry perf_counter stamps; spans need wall-clock nanoseconds.
+# Entries carry perf_counter stamps; spans need wall-clock nanoseconds. Fixed once: a later
+# step of the wall clock (NTP) shifts the recorded spans against the live ones by that step.
 _PERF_TO_EPOCH_NS = time.time_ns() - time.perf_counter_ns()
 
 

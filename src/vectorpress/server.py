@@ -22,7 +22,7 @@ from vectorpress.core.infer import Infer
 from vectorpress.core.metrics import Metrics
 from vectorpress.core.queue import BatchingQueue
 from vectorpress.core.tokenization import TokenizerPool
-from vectorpress.core.worker import BackendWorker
+from vectorpress.core.worker import BackendWorker, limit_malloc_arenas
 from vectorpress.hub import resolve_model
 from vectorpress.model_spec import ModelSpec, load_model_spec
 from vectorpress.observability.tracing import Tracing
@@ -117,6 +117,7 @@ BackendFactory = Callable[[ModelSpec, Settings], Backend]
 
 
 def load(settings: Settings, make_backend: BackendFactory = select_backend) -> Served:
+    limit_malloc_arenas()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     folder = resolve_model(
         settings.model_id,

@@ -119,6 +119,21 @@ class BackendWorker:
             return _join(self._forward(part) for part in _halves(batch))
 
 
+_M_ARENA_MAX = -8  # glibc's mallopt parameter number
+
+
+def limit_malloc_arenas(arenas: int = 2) -> None:
+    """Cap glibc's malloc arenas for threads created from now on.
+
+    glibc gives each new thread its own arena (up to 8 per core); with tokenizer threads, the
+    event loop, the worker and torch's pool all allocating tensors of ever-different sizes,
+    each arena fragments separately and resident memory climbs under steady traffic
+    (bench/soak.py measures it).
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, arenas)
+
+
 class _HeapTrimmer:
     """Hands freed heap pages back to the OS between batches, at most once a second.
 

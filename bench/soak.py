@@ -52,8 +52,11 @@ def good_request(rng: random.Random, texts: list[str]) -> tuple[str, str, object
         ("embed", "/embed", {"inputs": text}),
         ("embed_batch", "/embed", {"inputs": batch}),
         ("embed_all", "/embed_all", {"inputs": text[:200]}),
-        ("similarity", "/similarity",
-         {"inputs": {"source_sentence": text, "sentences": batch[:4]}}),
+        (
+            "similarity",
+            "/similarity",
+            {"inputs": {"source_sentence": text, "sentences": batch[:4]}},
+        ),
         ("openai", "/v1/embeddings", {"input": batch, "model": "soak"}),
         ("tokenize", "/tokenize", {"inputs": text}),
         ("decode", "/decode", {"ids": [101, 7592, 2088, 102]}),
@@ -80,9 +83,20 @@ async def run(args: argparse.Namespace) -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
-        [sys.executable, "-m", "vectorpress", "serve", "--hostname", "127.0.0.1", "--port",
-         str(port), "--max-concurrent-requests", str(args.permits)],
-        env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "vectorpress",
+            "serve",
+            "--hostname",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--max-concurrent-requests",
+            str(args.permits),
+        ],
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     proc = psutil.Process(server.pid)
@@ -118,9 +132,15 @@ async def run(args: argparse.Namespace) -> int:
                     if roll < 0.05:
                         path, payload, raw = rng.choice(BAD_REQUESTS)
                         counts["bad"] += 1
-                        r = await (http.post(f"{url}{path}", content=raw,
-                                             headers={"content-type": "application/json"})
-                                   if raw is not None else http.post(f"{url}{path}", json=payload))
+                        r = await (
+                            http.post(
+                                f"{url}{path}",
+                                content=raw,
+                                headers={"content-type": "application/json"},
+                            )
+                            if raw is not None
+                            else http.post(f"{url}{path}", json=payload)
+                        )
                         statuses["bad"][r.status_code] += 1
                         if not 400 <= r.status_code < 500:
                             unexpected.append(f"bad {path} -> {r.status_code}")
@@ -133,8 +153,11 @@ async def run(args: argparse.Namespace) -> int:
                         task.cancel()
                         continue
                     started = time.perf_counter()
-                    r = await (http.get(f"{url}{path}") if payload is None
-                               else http.post(f"{url}{path}", json=payload))
+                    r = await (
+                        http.get(f"{url}{path}")
+                        if payload is None
+                        else http.post(f"{url}{path}", json=payload)
+                    )
                     counts["requests"] += 1
                     statuses[name][r.status_code] += 1
                     if r.status_code == 200:
@@ -165,8 +188,9 @@ async def run(args: argparse.Namespace) -> int:
         for name in sorted(statuses):
             lat = sorted(latencies.get(name, []))
             p50, p90, p99 = (percentile(lat, p) for p in (0.5, 0.9, 0.99))
-            lines.append(f"| {name} | {len(lat)} | {p50} | {p90} | {p99} | "
-                         f"{dict(statuses[name])} |")
+            lines.append(
+                f"| {name} | {len(lat)} | {p50} | {p90} | {p99} | {dict(statuses[name])} |"
+            )
         if unexpected:
             lines += ["", "Unexpected:", *[f"- {u}" for u in unexpected[:20]]]
         report = "\n".join(lines) + "\n"

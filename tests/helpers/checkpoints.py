@@ -186,13 +186,13 @@ def _zoo_config(arch: str, common: dict[str, object]):  # type: ignore[no-untype
             **extra,
         )
     if arch == "qwen2":
-        return tf.Qwen2Config(**decoder, **extra)
+        return tf.Qwen2Config(**{**decoder, **extra})
     if arch == "qwen3":
-        return tf.Qwen3Config(head_dim=16, **decoder, **extra)
+        return tf.Qwen3Config(head_dim=16, **{**decoder, **extra})
     if arch == "mistral":
-        return tf.MistralConfig(sliding_window=16, **decoder, **extra)
+        return tf.MistralConfig(sliding_window=16, **{**decoder, **extra})
     if arch == "llama":
-        return tf.LlamaConfig(attention_bias=True, mlp_bias=True, **decoder, **extra)
+        return tf.LlamaConfig(attention_bias=True, mlp_bias=True, **{**decoder, **extra})
     if arch == "gemma3_text":
         return tf.Gemma3TextConfig(
             head_dim=16,

@@ -98,3 +98,26 @@ def test_native_type_with_rotary_scaling_it_lacks_goes_to_the_fallback(
     assert_close_vectors(response.json(), want, max_abs=1e-4, what="qwen2 yarn")
     why = [r.getMessage() for r in caplog.records if r.name == "vectorpress.backends.select"]
     assert any("'yarn' has no native implementation" in m for m in why), why
+
+
+def test_decoder_classifier_without_pad_token_is_scored_one_by_one(
+    tiny: Callable[..., Path],
+) -> None:
+    """transformers cannot batch a decoder classifier that has no pad id; the fallback caps its
+    batches at one input rather than failing the request."""
+    folder = tiny("qwen2", "reranker", pad_token_id=None)
+    inputs = [TEXTS[0], ("what is a magnet?", TEXTS[2]), "Hello world!", TEXTS[4]]
+    want = transformers_logits(folder, inputs, max_length=512)
+    with LiveServer(Settings(model_id=str(folder), backend="hf")) as server:
+        assert server.served is not None and server.served.backend.max_batch_size == 1
+        response = httpx.post(
+            f"{server.url}/predict",
+            json={
+                "inputs": [[t] if isinstance(t, str) else list(t) for t in inputs],
+                "raw_scores": True,
+            },
+            timeout=60,
+        )
+    assert response.status_code == 200, response.text
+    got = [[p["score"] for p in row] for row in response.json()]
+    assert_close_vectors(np.array(got), want, max_abs=1e-4, what="qwen2 reranker without pad")

@@ -63,6 +63,12 @@ class HFBackend:
         self.dense = [
             load_dense(d).eval().to(device=device, dtype=torch.float32) for d in spec.dense
         ]
+        text_config = self.model.config.get_text_config()
+        if spec.kind != "embedding" and getattr(text_config, "pad_token_id", 0) is None:
+            # Decoder classifiers find each row's last token through the pad id; without one,
+            # transformers can only score one input per forward pass.
+            self.max_batch_size = 1
+            log.warning("%s has no pad_token_id: one input per batch", spec.architecture)
         log.info("transformers %s serves %s", type(self.model).__name__, spec.architecture)
 
     def _padded(self, batch: Batch) -> dict[str, torch.Tensor]:

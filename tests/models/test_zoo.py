@@ -187,6 +187,8 @@ def test_embeddinggemma_layout_with_bias_free_dense(tiny: Callable[..., Path]) -
         ("modernbert", "classifier", {}),
         ("modernbert", "reranker", {"classifier_pooling": "mean"}),
         ("qwen3", "classifier", {}),
+        # [SEP] as pad id: like Qwen's <|endoftext|>, the appended last token is also the pad.
+        ("qwen3", "reranker", {"pad_token_id": 102}),
         ("qwen2", "reranker", {}),
         ("llama", "classifier", {}),
         ("gemma3_text", "classifier", {}),

@@ -12,7 +12,7 @@ from torch import nn
 from vectorpress.backends.torch.attention import PackedSequences, varlen_usable
 from vectorpress.backends.torch.heads import ClassificationHead, MLMHead, load_dense
 from vectorpress.backends.torch.loader import load_state_dict, remap, strict_load
-from vectorpress.backends.torch.pooling import pool, splade_pool
+from vectorpress.backends.torch.pooling import last_non_pad_rows, pool, splade_pool
 from vectorpress.backends.torch.registry import Architecture, lookup
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec
@@ -147,7 +147,12 @@ class TorchBackend:
     def predict(self, batch: Batch) -> BatchOutput:
         hidden, seqs = self._encode(batch)
         assert self.model.head is not None
-        pooled = pool(hidden, seqs, self.classifier_pooling, list(batch.pooled_indices))
+        which = list(batch.pooled_indices)
+        pad = self.spec.config.get("pad_token_id")
+        if self.classifier_pooling == "last_token" and pad is not None:
+            pooled = hidden[last_non_pad_rows(batch.input_ids, seqs, which, int(pad))]
+        else:
+            pooled = pool(hidden, seqs, self.classifier_pooling, which)
         logits = self.model.head(pooled)
         return BatchOutput(logits.float().cpu().numpy(), [])
 

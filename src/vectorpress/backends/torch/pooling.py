@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from vectorpress.backends.torch.attention import PackedSequences
@@ -34,6 +35,23 @@ def pool(
             )
         return (sums / lengths.unsqueeze(1).to(sums.dtype)).to(hidden.dtype)
     raise ValueError(f"unknown pooling {method}")
+
+
+def last_non_pad_rows(
+    input_ids: np.ndarray, seqs: PackedSequences, which: list[int], pad_token_id: int
+) -> list[int]:
+    """Row of each sequence's last token that is not `pad_token_id` (its last token if all are).
+
+    This is the token transformers' decoder classifiers read: where the tokenizer appends an
+    end-of-text token that doubles as the pad token (Qwen's <|endoftext|>), the classifier reads
+    the token before it.
+    """
+    rows = []
+    for i in which:
+        start, n = seqs.starts[i], seqs.lengths[i]
+        real = np.flatnonzero(input_ids[start : start + n] != pad_token_id)
+        rows.append(start + int(real[-1]) if len(real) else start + n - 1)
+    return rows
 
 
 def splade_pool(

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import torch
 
 from tests.helpers.hf_reference import transformers_embed, transformers_logits
 from tests.helpers.reference import assert_close_vectors
@@ -121,3 +122,21 @@ def test_decoder_classifier_without_pad_token_is_scored_one_by_one(
     assert response.status_code == 200, response.text
     got = [[p["score"] for p in row] for row in response.json()]
     assert_close_vectors(np.array(got), want, max_abs=1e-4, what="qwen2 reranker without pad")
+
+
+@pytest.mark.parametrize(("arch", "backend"), [("electra", "hf"), ("qwen3", "torch")])
+def test_bfloat16_is_honoured_and_close_to_float32(
+    tiny: Callable[..., Path], arch: str, backend: str
+) -> None:
+    pooling = "last_token" if arch == "qwen3" else "cls"
+    folder = tiny(arch, "embedding", pooling)
+    want = transformers_embed(folder, TEXTS, pooling)
+    with LiveServer(Settings(model_id=str(folder), dtype="bfloat16")) as server:
+        assert server.served is not None
+        assert (server.served.backend.name, server.served.backend.dtype) == (backend, "bfloat16")
+        model = server.served.backend.model  # type: ignore[attr-defined]
+        assert next(model.parameters()).dtype == torch.bfloat16
+        response = httpx.post(f"{server.url}/embed", json={"inputs": TEXTS}, timeout=60)
+    assert response.status_code == 200, response.text
+    # bfloat16 keeps 8 bits of mantissa: close, not equal.
+    assert_close_vectors(response.json(), want, min_cos=0.99, what=f"{arch} bfloat16")

@@ -27,6 +27,17 @@ log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+def _dtype_arg() -> str:
+    """transformers renamed `torch_dtype` to `dtype` in 4.56; older versions ignore `dtype`."""
+    import transformers
+
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+
+
+_DTYPE_ARG = _dtype_arg()
+
+
 def _auto_class(spec: ModelSpec) -> Any:
     import transformers
 
@@ -50,7 +61,7 @@ class HFBackend:
         self.dtype = dtype or ("float32" if device == "cpu" else "float16")
         auto = _auto_class(spec)
         try:
-            model = auto.from_pretrained(str(spec.path), dtype=_DTYPES[self.dtype])
+            model = auto.from_pretrained(str(spec.path), **{_DTYPE_ARG: _DTYPES[self.dtype]})
         except (OSError, ValueError, KeyError) as exc:
             raise StartupError(f"transformers cannot load {spec.path}: {exc}") from exc
         self.model = model.eval().to(device)

@@ -196,7 +196,7 @@ def _zoo_config(arch: str, common: dict[str, object]):  # type: ignore[no-untype
     if arch == "gemma3_text":
         return tf.Gemma3TextConfig(
             head_dim=16,
-            query_pre_attn_scalar=16,
+            query_pre_attn_scalar=24,
             sliding_window=16,
             layer_types=["sliding_attention", "full_attention"],
             use_bidirectional_attention=True,

@@ -233,7 +233,8 @@ LEGACY_CONFIGS = {
     "gemma3_text": {
         "rope_theta": 50000.0,
         "rope_local_base_freq": 2000.0,
-        "rope_scaling": None,
+        # Gemma3 4B and up: linear scaling on the global layers only.
+        "rope_scaling": {"rope_type": "linear", "factor": 8.0},
         "sliding_window_pattern": 2,
     },
     "qwen3": {"rope_theta": 50000.0, "rope_scaling": None, "use_sliding_window": False},

@@ -47,12 +47,11 @@ def build_model(spec: ModelSpec, arch: Architecture) -> ServedModel:
         if arch.mlm is None:
             raise StartupError(f"{spec.architecture} has no masked-LM head for SPLADE")
         head_rules = arch.mlm
-        head = MLMHead(
-            hidden,
-            cfg["vocab_size"],
-            cfg.get("hidden_act") or cfg.get("activation") or "gelu",
-            cfg.get("layer_norm_eps", 1e-12),
-        )
+        opts = {
+            "act": cfg.get("hidden_act") or cfg.get("activation") or "gelu",
+            "eps": cfg.get("layer_norm_eps", 1e-12),
+        }
+        head = MLMHead(hidden, cfg["vocab_size"], **{**opts, **head_rules.overrides(cfg)})
     model = ServedModel(arch.build_encoder(cfg), head)
 
     state = load_state_dict(spec.path)

@@ -55,19 +55,33 @@ class ClassificationHead(nn.Module):
 
 
 class MLMHead(nn.Module):
-    """dense -> activation -> LayerNorm -> decoder to the vocabulary, plus a bias."""
+    """dense -> activation -> LayerNorm -> decoder to the vocabulary, plus a bias.
 
-    def __init__(self, hidden: int, vocab: int, act: str, eps: float) -> None:
+    ModernBERT's has the same shape with its biases switched by config (`classifier_bias`,
+    `norm_bias`, `decoder_bias`).
+    """
+
+    def __init__(
+        self,
+        hidden: int,
+        vocab: int,
+        act: str,
+        eps: float,
+        *,
+        dense_bias: bool = True,
+        norm_bias: bool = True,
+        decoder_bias: bool = True,
+    ) -> None:
         super().__init__()
-        self.dense = nn.Linear(hidden, hidden)
+        self.dense = nn.Linear(hidden, hidden, bias=dense_bias)
         self.act = activation(act)
-        self.layer_norm = nn.LayerNorm(hidden, eps=eps)
+        self.layer_norm = nn.LayerNorm(hidden, eps=eps, bias=norm_bias)
         self.decoder = nn.Linear(hidden, vocab, bias=False)
-        self.bias = nn.Parameter(torch.zeros(vocab))
+        self.bias = nn.Parameter(torch.zeros(vocab)) if decoder_bias else None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        x = self.layer_norm(self.act(self.dense(hidden)))
-        return self.decoder(x) + self.bias
+        x = self.decoder(self.layer_norm(self.act(self.dense(hidden))))
+        return x + self.bias if self.bias is not None else x
 
 
 class Dense(nn.Module):

@@ -41,10 +41,11 @@ class HeadRules:
         }
         if self.norm:
             opts["norm_eps"] = 1e-5
-        for option, key in self.from_config:
-            if cfg.get(key) is not None:
-                opts[option] = cfg[key]
-        return opts
+        return {**opts, **self.overrides(cfg)}
+
+    def overrides(self, cfg: dict[str, Any]) -> dict[str, Any]:
+        """The head options this checkpoint's config sets."""
+        return {option: cfg[key] for option, key in self.from_config if cfg.get(key) is not None}
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,22 @@ _MODERNBERT = Architecture(
             ("dense_bias", "classifier_bias"),
             ("norm_bias", "norm_bias"),
             ("norm_eps", "norm_eps"),
+        ),
+    ),
+    mlm=HeadRules(
+        rules=(
+            (r"^head\.dense\.", "head.dense."),
+            (r"^head\.norm\.", "head.layer_norm."),
+            (r"^decoder\.weight$", "head.decoder.weight"),
+            (r"^decoder\.bias$", "head.bias"),
+        ),
+        tied=(("head.decoder.weight", "encoder.embeddings.tok_embeddings.weight"),),
+        from_config=(
+            ("act", "classifier_activation"),
+            ("eps", "norm_eps"),
+            ("dense_bias", "classifier_bias"),
+            ("norm_bias", "norm_bias"),
+            ("decoder_bias", "decoder_bias"),
         ),
     ),
     ignore=(r"^head\.", r"^decoder\.", r"^classifier\."),

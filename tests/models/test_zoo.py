@@ -207,6 +207,13 @@ def test_native_heads_match_transformers(
         padded = logits(fallback, PAIRS)
     assert_close_vectors(packed, want, max_abs=1e-4, what=f"{arch} {task} native logits")
     assert_close_vectors(padded, want, max_abs=1e-4, what=f"{arch} {task} fallback logits")
+    if task == "reranker":
+        query, passages = "how do magnets work", TEXTS[:3]
+        want = transformers_logits(folder, [(query, p) for p in passages], max_length=512)
+        with served(folder, auto_truncate=True) as native:
+            ranked = asyncio.run(native.infer.rerank(query, passages, raw_scores=True)).values
+        got = np.array([[score] for _, score in sorted(ranked)])
+        assert_close_vectors(got, want, max_abs=1e-4, what=f"{arch} rerank")
 
 
 @pytest.mark.parametrize("arch", ["distilbert", "mpnet", "modernbert"])

@@ -58,7 +58,9 @@ class HFBackend:
     def __init__(self, spec: ModelSpec, device: str = "cpu", dtype: str | None = None) -> None:
         self.spec = spec
         self.device = device
-        self.dtype = dtype or ("float32" if device == "cpu" else "float16")
+        # Gemma's activations outgrow float16's range; its authors run it in bfloat16.
+        gpu_default = "bfloat16" if spec.model_type.startswith("gemma") else "float16"
+        self.dtype = dtype or ("float32" if device == "cpu" else gpu_default)
         auto = _auto_class(spec)
         try:
             model = auto.from_pretrained(str(spec.path), **{_DTYPE_ARG: _DTYPES[self.dtype]})

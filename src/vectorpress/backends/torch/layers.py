@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -198,20 +199,16 @@ class PassSlice:
     seqs: PackedSequences
 
 
-class PassThreads:
-    """Intra-op threads per CPU pass: one for a small pass, the start-up count otherwise.
-
-    Set at the start of each pass and left in place, so that pooling and the copy out after a
-    small pass stay on one thread too (switching back inside the pass cost as much as the
-    two-thread run it avoided).
-    """
-
-    def __init__(self) -> None:
-        self.configured = torch.get_num_threads()
-        self.current = self.configured
-
-    def enter(self, tokens: int) -> None:
-        want = 1 if tokens < SMALL_PASS_TOKENS else self.configured
-        if want != self.current or want != torch.get_num_threads():
-            torch.set_num_threads(want)
-            self.current = want
+@contextmanager
+def threads_for(tokens: int) -> Iterator[None]:
+    """One intra-op thread for a small CPU pass; the caller's count is restored after it, so
+    that nothing else in the process (another model, a reference encoder) is slowed down."""
+    before = torch.get_num_threads()
+    if tokens >= SMALL_PASS_TOKENS or before == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

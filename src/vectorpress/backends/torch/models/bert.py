@@ -20,9 +20,9 @@ from vectorpress.backends.torch.attention import PackedSequences, packed_attenti
 from vectorpress.backends.torch.layers import (
     CPU_PASS_TOKENS,
     FusedLinear,
-    PassThreads,
     activation,
     cpu_passes,
+    threads_for,
 )
 
 
@@ -149,7 +149,6 @@ class BertModel(nn.Module):
         super().__init__()
         self.embeddings = BertEmbeddings(cfg)
         self.encoder = BertEncoder(cfg)
-        self.threads = PassThreads()
 
     def fuse(self, fast: bool = True) -> None:
         """`fast=False` keeps F.linear everywhere: the reference the fast path is tested on."""
@@ -166,9 +165,9 @@ class BertModel(nn.Module):
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         if x.device.type != "cpu":
             return self._layers(x, seqs)
-        self.threads.enter(seqs.total)
         if seqs.total <= CPU_PASS_TOKENS:
-            return self._layers(x, seqs)
+            with threads_for(seqs.total):
+                return self._layers(x, seqs)
         passes = cpu_passes(seqs, CPU_PASS_TOKENS)
         return torch.cat([self._layers(x[p.start : p.end], p.seqs) for p in passes])
 

@@ -110,6 +110,9 @@ def test_a_big_batch_in_several_cpu_passes_equals_one_pass(
     several = _embed(backend, encodings)
     assert calls and calls[0] >= 2
     assert_close_vectors(several, one, min_cos=0.999999, max_abs=1e-5, what="passes vs one")
-    # A short query runs on one thread and gives the same vector.
+    # A short query runs on one thread, gives the same vector and leaves the caller's thread
+    # count as it found it.
+    threads = torch.get_num_threads()
     alone = _embed(backend, encodings[:1])
+    assert torch.get_num_threads() == threads
     assert_close_vectors(alone, one[:1], min_cos=0.999999, max_abs=1e-5, what="alone")

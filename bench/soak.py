@@ -169,10 +169,13 @@ async def run(args: argparse.Namespace) -> int:
         after_warmup = [m for t, m in rss if t >= warmup_end]
         base, end, peak = after_warmup[0], after_warmup[-1], max(after_warmup)
         growth = (end - base) / base * 100
+        # Allocator settings change the memory figure, so the report names them.
+        command = [f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("MALLOC_")]
+        command += [Path(sys.executable).name, "bench/soak.py", *sys.argv[1:]]
         lines = [
             f"# Soak, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
             "",
-            f"`{' '.join([Path(sys.executable).name, 'bench/soak.py', *sys.argv[1:]])}`: "
+            f"`{' '.join(command)}`: "
             f"{args.minutes} min, {args.clients} clients, --max-concurrent-requests "
             f"{args.permits}, all-MiniLM-L6-v2, {os.cpu_count()} cores.",
             "",

@@ -38,18 +38,15 @@ def select_backend(spec: ModelSpec, settings: Settings) -> Backend:
     if choice == "torch":
         return TorchBackend(spec, device=device, dtype=settings.dtype)
     if choice == "hf":
-        try:
-            from vectorpress.backends.hf.backend import HFBackend  # type: ignore[import-not-found]
-        except ImportError:
-            raise StartupError(
-                f"model_type {spec.model_type!r} is not supported yet (no native model and "
-                f"no transformers fallback)"
-            ) from None
-        return HFBackend(spec, device=device, dtype=settings.dtype)  # type: ignore[no-any-return]
+        from vectorpress.backends.hf.backend import HFBackend
+
+        return HFBackend(spec, device=device, dtype=settings.dtype)
     if choice == "onnx":
         try:
-            from vectorpress.backends.onnx.backend import OnnxBackend  # type: ignore[import-not-found]
-        except ImportError:
-            raise StartupError("the onnx backend is not available in this build") from None
-        return OnnxBackend(spec, settings)  # type: ignore[no-any-return]
+            from vectorpress.backends.onnx.backend import OnnxBackend
+        except ImportError as exc:  # onnxruntime is an optional extra
+            raise StartupError(
+                f"the onnx backend needs `pip install vectorpress[onnx]`: {exc}"
+            ) from None
+        return OnnxBackend(spec, settings)
     raise StartupError(f"unknown backend {choice}")

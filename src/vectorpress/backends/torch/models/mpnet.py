@@ -20,6 +20,7 @@ from torch import nn
 
 from vectorpress.backends.torch.attention import PackedSequences, packed_attention
 from vectorpress.backends.torch.layers import activation
+from vectorpress.backends.torch.models.bert import BertIntermediate, BertOutput
 
 _BUCKETS = 32
 _MAX_DISTANCE = 128
@@ -69,27 +70,14 @@ class MPNetAttention(nn.Module):
         self.LayerNorm = nn.LayerNorm(hidden, eps=eps)
 
 
-class MPNetIntermediate(nn.Module):
-    def __init__(self, hidden: int, intermediate: int) -> None:
-        super().__init__()
-        self.dense = nn.Linear(hidden, intermediate)
-
-
-class MPNetOutput(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, eps: float) -> None:
-        super().__init__()
-        self.dense = nn.Linear(intermediate, hidden)
-        self.LayerNorm = nn.LayerNorm(hidden, eps=eps)
-
-
 class MPNetLayer(nn.Module):
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__()
         hidden, eps = cfg["hidden_size"], cfg.get("layer_norm_eps", 1e-12)
         self.heads = cfg["num_attention_heads"]
         self.attention = MPNetAttention(hidden, eps)
-        self.intermediate = MPNetIntermediate(hidden, cfg["intermediate_size"])
-        self.output = MPNetOutput(hidden, cfg["intermediate_size"], eps)
+        self.intermediate = BertIntermediate(hidden, cfg["intermediate_size"])
+        self.output = BertOutput(hidden, cfg["intermediate_size"], eps)
         self.act = activation(cfg.get("hidden_act", "gelu"))
 
     def forward(self, x: torch.Tensor, seqs: PackedSequences, bias: Any) -> torch.Tensor:

@@ -7,12 +7,13 @@ field for it). Its config names differ from BERT's (`dim`, `n_heads`, `hidden_di
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from vectorpress.backends.torch.attention import PackedSequences, packed_attention
+from vectorpress.backends.torch.blocks import FusedPostNormLayer
 from vectorpress.backends.torch.layers import activation
 
 _EPS = 1e-12
@@ -62,12 +63,27 @@ class TransformerBlock(nn.Module):
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__()
         dim = cfg["dim"]
+        self.act_name = cfg.get("activation", "gelu")
         self.attention = MultiHeadSelfAttention(dim, cfg["n_heads"])
         self.sa_layer_norm = nn.LayerNorm(dim, eps=_EPS)
-        self.ffn = FFN(dim, cfg["hidden_dim"], cfg.get("activation", "gelu"))
+        self.ffn = FFN(dim, cfg["hidden_dim"], self.act_name)
         self.output_layer_norm = nn.LayerNorm(dim, eps=_EPS)
+        self.fused: FusedPostNormLayer | None = None
+
+    def fuse(self, fast: bool = True) -> None:
+        sa = self.attention
+        self.fused = FusedPostNormLayer.of(
+            sa.heads,
+            (sa.q_lin, sa.k_lin, sa.v_lin),
+            sa.out_lin,
+            (self.ffn.lin1, self.ffn.lin2),
+            self.act_name,
+            fast,
+        )
 
     def forward(self, x: torch.Tensor, seqs: PackedSequences) -> torch.Tensor:
+        if self.fused is not None:
+            return self.fused(x, seqs, self.sa_layer_norm, self.output_layer_norm)
         x = self.sa_layer_norm(self.attention(x, seqs) + x)
         return self.output_layer_norm(self.ffn(x) + x)
 
@@ -85,6 +101,12 @@ class DistilBertModel(nn.Module):
         super().__init__()
         self.embeddings = Embeddings(cfg)
         self.transformer = Transformer(cfg)
+
+    def fuse(self, fast: bool = True) -> None:
+        """Prepare the GEMMs once the weights are final; `fast=False` keeps F.linear
+        everywhere: the reference the fast path is tested on."""
+        for layer in self.transformer.layer:
+            cast(TransformerBlock, layer).fuse(fast)
 
     def forward(
         self,

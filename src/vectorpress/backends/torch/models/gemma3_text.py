@@ -17,12 +17,13 @@ applied after pooling like any other Dense.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from vectorpress.backends.torch.attention import PackedSequences, packed_attention
+from vectorpress.backends.torch.blocks import FusedGatedMLP, FusedQKVO
 from vectorpress.backends.torch.layers import activation
 from vectorpress.backends.torch.rotary import RMSNorm, Rotary, rope_scale, rope_theta, rotate
 
@@ -55,6 +56,10 @@ class Gemma3Attention(nn.Module):
         eps = cfg.get("rms_norm_eps", 1e-6)
         self.q_norm = RMSNorm(self.head_dim, eps, offset=1.0)
         self.k_norm = RMSNorm(self.head_dim, eps, offset=1.0)
+        self.fused: FusedQKVO | None = None
+
+    def fuse(self, fast: bool = True) -> None:
+        self.fused = FusedQKVO.of(self.q_proj, self.k_proj, self.v_proj, self.o_proj, fast)
 
     def forward(
         self,
@@ -65,13 +70,19 @@ class Gemma3Attention(nn.Module):
         window: int | None,
     ) -> torch.Tensor:
         total = x.shape[0]
-        q = self.q_norm(self.q_proj(x).view(total, self.heads, self.head_dim))
-        k = self.k_norm(self.k_proj(x).view(total, self.kv_heads, self.head_dim))
-        v = self.v_proj(x).view(total, self.kv_heads, self.head_dim)
+        fused = self.fused
+        if fused is None:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:
+            q, k, v = fused.project(x)
+        q = self.q_norm(q.view(total, self.heads, self.head_dim))
+        k = self.k_norm(k.view(total, self.kv_heads, self.head_dim))
+        v = v.view(total, self.kv_heads, self.head_dim)
         cos, sin = rope
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         out = packed_attention(q, k, v, seqs, causal=causal, window=window, scale=self.scale)
-        return self.o_proj(out.reshape(total, self.heads * self.head_dim))
+        out = out.reshape(total, self.heads * self.head_dim)
+        return self.o_proj(out) if fused is None else fused.o(out)
 
 
 class Gemma3MLP(nn.Module):
@@ -81,9 +92,18 @@ class Gemma3MLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, inter, bias=False)
         self.up_proj = nn.Linear(hidden, inter, bias=False)
         self.down_proj = nn.Linear(inter, hidden, bias=False)
-        self.act = activation(cfg.get("hidden_activation") or "gelu_pytorch_tanh")
+        self.act_name = cfg.get("hidden_activation") or "gelu_pytorch_tanh"
+        self.act = activation(self.act_name)
+        self.fused: FusedGatedMLP | None = None
+
+    def fuse(self, fast: bool = True) -> None:
+        self.fused = FusedGatedMLP.of(
+            self.gate_proj, self.up_proj, self.down_proj, self.act_name, fast
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused is not None:
+            return self.fused(x)
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -144,6 +164,14 @@ class Gemma3TextModel(nn.Module):
             # A bidirectional window as config.json spells it is the whole span, half each side
             # (transformers turns it into the exclusive bound sliding_window // 2 + 1).
             self.window = int(sliding)
+
+    def fuse(self, fast: bool = True) -> None:
+        """Prepare the GEMMs once the weights are final; `fast=False` keeps F.linear
+        everywhere: the reference the fast path is tested on."""
+        for layer in self.layers:
+            layer = cast(Gemma3DecoderLayer, layer)
+            layer.self_attn.fuse(fast)
+            layer.mlp.fuse(fast)
 
     def forward(
         self,

@@ -16,13 +16,14 @@ dense -> activation -> LayerNorm -> classifier.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from vectorpress.backends.torch.attention import PackedSequences, packed_attention
-from vectorpress.backends.torch.layers import activation
+from vectorpress.backends.torch.blocks import FusedGatedMLP
+from vectorpress.backends.torch.layers import FusedLinear, activation
 from vectorpress.backends.torch.rotary import Rotary, rope_theta, rotate
 
 _SLIDING = "sliding_attention"
@@ -49,7 +50,8 @@ class ModernBertEmbeddings(nn.Module):
         self.norm = _norm(cfg)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.norm(self.tok_embeddings(input_ids))  # type: ignore[no-any-return]
+        out: torch.Tensor = self.norm(self.tok_embeddings(input_ids))
+        return out
 
 
 class ModernBertAttention(nn.Module):
@@ -60,6 +62,10 @@ class ModernBertAttention(nn.Module):
         self.heads = cfg["num_attention_heads"]
         self.Wqkv = nn.Linear(hidden, 3 * hidden, bias=bias)
         self.Wo = nn.Linear(hidden, hidden, bias=bias)
+        self.fused: tuple[FusedLinear, FusedLinear] | None = None
+
+    def fuse(self, fast: bool = True) -> None:
+        self.fused = FusedLinear.of(self.Wqkv, fast=fast), FusedLinear.of(self.Wo, fast=fast)
 
     def forward(
         self,
@@ -69,7 +75,8 @@ class ModernBertAttention(nn.Module):
         window: int | None,
     ) -> torch.Tensor:
         total, hidden = x.shape
-        qkv = self.Wqkv(x).view(total, 3, self.heads, hidden // self.heads)
+        wqkv, wo = self.fused or (self.Wqkv, self.Wo)
+        qkv = wqkv(x).view(total, 3, self.heads, hidden // self.heads)
         q, k, v = qkv.unbind(1)
         cos, sin = rope
         # transformers rotates in float32 and casts back; in float32 this is the same.
@@ -79,7 +86,7 @@ class ModernBertAttention(nn.Module):
         )
         q, k = q.to(v.dtype), k.to(v.dtype)
         out = packed_attention(q, k, v, seqs, window=window)
-        return self.Wo(out.reshape(total, hidden))  # type: ignore[no-any-return]
+        return wo(out.reshape(total, hidden))
 
 
 class ModernBertMLP(nn.Module):
@@ -90,10 +97,20 @@ class ModernBertMLP(nn.Module):
         self.Wi = nn.Linear(hidden, 2 * inter, bias=bias)
         self.Wo = nn.Linear(inter, hidden, bias=bias)
         self.act = activation(cfg.get("hidden_activation", "gelu"))
+        self.fused: FusedGatedMLP | None = None
+
+    def fuse(self, fast: bool = True) -> None:
+        # Wi is already one GEMM, input half first: the act(first) * second shape of FusedGatedMLP.
+        self.fused = FusedGatedMLP(
+            FusedLinear.of(self.Wi, fast=fast), FusedLinear.of(self.Wo, fast=fast), self.act
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused is not None:
+            return self.fused(x)
         inp, gate = self.Wi(x).chunk(2, dim=-1)
-        return self.Wo(self.act(inp) * gate)  # type: ignore[no-any-return]
+        out: torch.Tensor = self.Wo(self.act(inp) * gate)
+        return out
 
 
 class ModernBertEncoderLayer(nn.Module):
@@ -112,7 +129,8 @@ class ModernBertEncoderLayer(nn.Module):
         window: int | None,
     ) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), rope, seqs, window)
-        return x + self.mlp(self.mlp_norm(x))  # type: ignore[no-any-return]
+        out: torch.Tensor = x + self.mlp(self.mlp_norm(x))
+        return out
 
 
 class ModernBertModel(nn.Module):
@@ -135,6 +153,14 @@ class ModernBertModel(nn.Module):
         # `local_attention` is the whole window; packed_attention keeps |distance| <= window // 2.
         self.window = int(cfg.get("local_attention", 128))
 
+    def fuse(self, fast: bool = True) -> None:
+        """Prepare the GEMMs once the weights are final; `fast=False` keeps F.linear
+        everywhere: the reference the fast path is tested on."""
+        for layer in self.layers:
+            layer = cast(ModernBertEncoderLayer, layer)
+            layer.attn.fuse(fast)
+            layer.mlp.fuse(fast)
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -150,4 +176,5 @@ class ModernBertModel(nn.Module):
                 x = layer(x, local, seqs, self.window)
             else:
                 x = layer(x, full, seqs, None)
-        return self.final_norm(x)  # type: ignore[no-any-return]
+        out: torch.Tensor = self.final_norm(x)
+        return out

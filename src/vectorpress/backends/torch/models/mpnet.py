@@ -13,12 +13,13 @@ What is special:
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from vectorpress.backends.torch.attention import PackedSequences, packed_attention
+from vectorpress.backends.torch.blocks import FusedPostNormLayer
 from vectorpress.backends.torch.layers import activation
 from vectorpress.backends.torch.models.bert import BertIntermediate, BertOutput
 
@@ -51,7 +52,8 @@ class MPNetEmbeddings(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
-        return self.LayerNorm(x)  # type: ignore[no-any-return]
+        out: torch.Tensor = self.LayerNorm(x)
+        return out
 
 
 class MPNetSelfAttention(nn.Module):
@@ -78,9 +80,24 @@ class MPNetLayer(nn.Module):
         self.attention = MPNetAttention(hidden, eps)
         self.intermediate = BertIntermediate(hidden, cfg["intermediate_size"])
         self.output = BertOutput(hidden, cfg["intermediate_size"], eps)
-        self.act = activation(cfg.get("hidden_act", "gelu"))
+        self.act_name = cfg.get("hidden_act", "gelu")
+        self.act = activation(self.act_name)
+        self.fused: FusedPostNormLayer | None = None
+
+    def fuse(self, fast: bool = True) -> None:
+        sa = self.attention.attn
+        self.fused = FusedPostNormLayer.of(
+            self.heads,
+            (sa.q, sa.k, sa.v),
+            sa.o,
+            (self.intermediate.dense, self.output.dense),
+            self.act_name,
+            fast,
+        )
 
     def forward(self, x: torch.Tensor, seqs: PackedSequences, bias: Any) -> torch.Tensor:
+        if self.fused is not None:
+            return self.fused(x, seqs, self.attention.LayerNorm, self.output.LayerNorm, bias)
         total, hidden = x.shape
         sa = self.attention.attn
         shape = (total, self.heads, hidden // self.heads)
@@ -88,7 +105,8 @@ class MPNetLayer(nn.Module):
         ctx = packed_attention(q, k, v, seqs, bias=bias).reshape(total, hidden)
         x = self.attention.LayerNorm(sa.o(ctx) + x)
         h = self.act(self.intermediate.dense(x))
-        return self.output.LayerNorm(self.output.dense(h) + x)  # type: ignore[no-any-return]
+        out: torch.Tensor = self.output.LayerNorm(self.output.dense(h) + x)
+        return out
 
 
 class MPNetEncoder(nn.Module):
@@ -107,6 +125,12 @@ class MPNetModel(nn.Module):
         super().__init__()
         self.embeddings = MPNetEmbeddings(cfg)
         self.encoder = MPNetEncoder(cfg)
+
+    def fuse(self, fast: bool = True) -> None:
+        """Prepare the GEMMs once the weights are final; `fast=False` keeps F.linear
+        everywhere: the reference the fast path is tested on."""
+        for layer in self.encoder.layer:
+            cast(MPNetLayer, layer).fuse(fast)
 
     def forward(
         self,

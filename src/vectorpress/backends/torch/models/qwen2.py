@@ -15,13 +15,14 @@ Windows are causal: a token sees itself and the `sliding_window - 1` tokens befo
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from vectorpress.backends.torch.attention import PackedSequences, packed_attention
+from vectorpress.backends.torch.blocks import FusedGatedMLP, FusedQKVO
 from vectorpress.backends.torch.rotary import RMSNorm, Rotary, rope_scale, rope_theta, rotate
 
 
@@ -50,6 +51,10 @@ class DecoderAttention(nn.Module):
         eps = cfg.get("rms_norm_eps", 1e-6)
         self.q_norm = RMSNorm(self.head_dim, eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, eps) if qk_norm else None
+        self.fused: FusedQKVO | None = None
+
+    def fuse(self, fast: bool = True) -> None:
+        self.fused = FusedQKVO.of(self.q_proj, self.k_proj, self.v_proj, self.o_proj, fast)
 
     def forward(
         self,
@@ -59,15 +64,21 @@ class DecoderAttention(nn.Module):
         window: int | None,
     ) -> torch.Tensor:
         total = x.shape[0]
-        q = self.q_proj(x).view(total, self.heads, self.head_dim)
-        k = self.k_proj(x).view(total, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).view(total, self.kv_heads, self.head_dim)
+        fused = self.fused
+        if fused is None:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:
+            q, k, v = fused.project(x)
+        q = q.view(total, self.heads, self.head_dim)
+        k = k.view(total, self.kv_heads, self.head_dim)
+        v = v.view(total, self.kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         out = packed_attention(q, k, v, seqs, causal=True, window=window)
-        return self.o_proj(out.reshape(total, self.heads * self.head_dim))
+        out = out.reshape(total, self.heads * self.head_dim)
+        return self.o_proj(out) if fused is None else fused.o(out)
 
 
 class GatedMLP(nn.Module):
@@ -76,8 +87,14 @@ class GatedMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
         self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.fused: FusedGatedMLP | None = None
+
+    def fuse(self, fast: bool = True) -> None:
+        self.fused = FusedGatedMLP.of(self.gate_proj, self.up_proj, self.down_proj, "silu", fast)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused is not None:
+            return self.fused(x)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -134,6 +151,14 @@ class DecoderModel(nn.Module):
             head_dim, rope_theta(cfg, None, "rope_theta", 10000.0), rope_scale(cfg, None)
         )
         self.windows = self.layer_windows(cfg)
+
+    def fuse(self, fast: bool = True) -> None:
+        """Prepare the GEMMs once the weights are final; `fast=False` keeps F.linear
+        everywhere: the reference the fast path is tested on."""
+        for layer in self.layers:
+            layer = cast(DecoderLayer, layer)
+            layer.self_attn.fuse(fast)
+            layer.mlp.fuse(fast)
 
     def layer_windows(self, cfg: dict[str, Any]) -> list[int | None]:
         return layer_windows(cfg)

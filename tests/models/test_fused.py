@@ -1,0 +1,94 @@
+"""Every native model beyond BERT runs all its linear layers on FusedLinear, on oneDNN where this
+CPU has it, and gives the vectors of the F.linear reference (`fuse(False)`) and of the plain
+nn.Linear modules the state dict loads into (no fused path at all)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from tests.helpers.reference import assert_close_vectors
+from tests.helpers.texts import mixed_texts
+from tests.models.test_zoo import DECODERS
+from vectorpress.backends.torch.backend import TorchBackend
+from vectorpress.backends.torch.layers import FusedLinear, onednn_supported
+from vectorpress.model_spec import load_model_spec
+from vectorpress.settings import Settings
+from vectorpress.types import Batch, Encoding
+
+ARCHS = ("distilbert", "mpnet", "modernbert", "qwen2", "qwen3", "mistral", "llama", "gemma3_text")
+
+
+def _fused_in(value: object) -> Iterator[FusedLinear]:
+    if isinstance(value, FusedLinear):
+        yield value
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for field in dataclasses.fields(value):
+            yield from _fused_in(getattr(value, field.name))
+    elif isinstance(value, tuple):
+        for item in value:
+            yield from _fused_in(item)
+
+
+def fused_linears(model: nn.Module) -> list[FusedLinear]:
+    return [f for m in model.modules() for v in vars(m).values() for f in _fused_in(v)]
+
+
+def _embed(backend: TorchBackend, folder: Path, texts: list[str]) -> np.ndarray:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.no_padding()
+    tok.enable_truncation(128)
+    encodings = [Encoding(ids=e.ids, type_ids=e.type_ids) for e in tok.encode_batch(texts)]
+    out = backend.embed(Batch.from_encodings(encodings))
+    assert out.pooled is not None
+    return out.pooled
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_linear_runs_fused_and_matches_f_linear(tiny: Callable[..., Path], arch: str) -> None:
+    # The pooling test_zoo uses: the same session checkpoint, built once.
+    folder = tiny(arch, "embedding", "last_token" if arch in DECODERS else "mean")
+    spec = load_model_spec(folder, Settings(model_id=str(folder)))
+    backend = TorchBackend(spec, "cpu", "float32")
+    encoder = backend.model.encoder
+    linears = [m for m in encoder.modules() if isinstance(m, nn.Linear)]
+    fused = fused_linears(encoder)
+    assert linears and fused, f"{arch}: fuse() built nothing"
+    # Every weight of the state dict's linear layers lives in exactly one fused GEMM.
+    assert sum(f.weight.numel() for f in fused) == sum(m.weight.numel() for m in linears)
+    assert len(fused) < len(linears) or arch == "modernbert", f"{arch}: nothing merged"
+    assert onednn_supported(torch.float32), "this project's CPU builds always have oneDNN"
+    assert all(f.onednn for f in fused), f"{arch}: a layer fell back to F.linear"
+
+    calls: list[str] = []
+    hooks = [m.register_forward_hook(lambda *_: calls.append("nn.Linear")) for m in linears]
+    texts = [*mixed_texts(10, seed=7, long_share=0.3), "a", "Hello world!"]
+    try:
+        fast = _embed(backend, folder, texts)
+        assert not calls, f"{arch}: the fused forward still ran {len(calls)} plain nn.Linear"
+        encoder.fuse(False)
+        assert not any(f.onednn for f in fused_linears(encoder))
+        slow = _embed(backend, folder, texts)
+        # The plain path: every module back on its nn.Linear children.
+        for module in encoder.modules():
+            if getattr(module, "fused", None) is not None:
+                module.fused = None
+        plain = _embed(backend, folder, texts)
+        assert calls, f"{arch}: the plain forward ran no nn.Linear"
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert_close_vectors(
+        fast, slow, min_cos=0.99999, max_abs=1e-4, what=f"{arch} oneDNN vs F.linear"
+    )
+    assert_close_vectors(
+        slow, plain, min_cos=0.99999, max_abs=1e-5, what=f"{arch} fused vs plain modules"
+    )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from dataclasses import replace
@@ -12,7 +11,7 @@ from typing import TYPE_CHECKING
 import uvicorn
 
 from vectorpress.api.app import create_app
-from vectorpress.server import BackendFactory, Served, load
+from vectorpress.server import BackendFactory, Served, load, run_event_loop
 from vectorpress.settings import Settings
 
 if TYPE_CHECKING:
@@ -57,7 +56,7 @@ class LiveServer:
             timeout_graceful_shutdown=10,
         )
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
+        self._thread = threading.Thread(target=lambda: run_event_loop(self._serve()), daemon=True)
         self._thread.start()
         deadline = time.monotonic() + 30
         while not self._server.started:

@@ -3,13 +3,12 @@ whose every forward pass takes DELAY seconds longer, to hold requests in flight.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 
 from tests.helpers.checkpoints import minilm_path
 from tests.helpers.faulty import faulty_factory
 from vectorpress.cli import configure_logging
-from vectorpress.server import load, serve
+from vectorpress.server import load, run_event_loop, serve
 from vectorpress.settings import Settings
 
 
@@ -22,7 +21,7 @@ def main() -> None:
     make, made = faulty_factory()
     served = load(settings, make_backend=make)
     made[0].delay = delay
-    asyncio.run(serve(served))
+    run_event_loop(serve(served))
 
 
 if __name__ == "__main__":

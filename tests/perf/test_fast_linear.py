@@ -65,6 +65,7 @@ def test_unknown_activation_falls_back_unfused() -> None:
 def test_fast_model_matches_the_f_linear_model_and_sentence_transformers(minilm: Path) -> None:
     spec = load_model_spec(minilm, Settings(model_id=str(minilm)))
     backend = TorchBackend(spec, "cpu", "float32")
+    backend.model.encoder.fuse(True)
     layer = backend.model.encoder.encoder.layer[0]
     assert layer.fused is not None and layer.fused.ffn_in.onednn
     texts = mixed_texts(48, seed=3)
@@ -81,38 +82,111 @@ def test_fast_model_matches_the_f_linear_model_and_sentence_transformers(minilm:
 def test_a_big_batch_in_several_cpu_passes_equals_one_pass(
     minilm: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Batches over CPU_PASS_TOKENS run as several passes; the vectors must not change."""
-    from vectorpress.backends.torch import layers
+    """Batches over the pass size run as several passes; the vectors must not change."""
+    from vectorpress.backends.torch import passes as passes_module
     from vectorpress.backends.torch.attention import PackedSequences
-    from vectorpress.backends.torch.models import bert
 
     spec = load_model_spec(minilm, Settings(model_id=str(minilm)))
     backend = TorchBackend(spec, "cpu", "float32")
     encodings = _encodings(minilm, mixed_texts(60, seed=5))
     total = sum(len(e) for e in encodings)
     assert total > 1000
-    passes = layers.cpu_passes(
+    cut = passes_module.cpu_passes(
         PackedSequences(torch.from_numpy(Batch.from_encodings(encodings).cu_seqlens), 256), 1000
     )
-    assert len(passes) >= 2 and passes[-1].end == total
-    assert all(p.seqs.total <= 1000 or p.seqs.size == 1 for p in passes)
+    assert len(cut) >= 2 and cut[-1].end == total
+    assert all(p.seqs.total <= 1000 or p.seqs.size == 1 for p in cut)
     one = _embed(backend, encodings)
     calls: list[int] = []
-    real = bert.cpu_passes
+    real = passes_module.cpu_passes
 
-    def spy(seqs: PackedSequences, max_tokens: int) -> list[layers.PassSlice]:
+    def spy(seqs: PackedSequences, max_tokens: int) -> list[passes_module.PassSlice]:
         out = real(seqs, max_tokens)
         calls.append(len(out))
         return out
 
-    monkeypatch.setattr(bert, "CPU_PASS_TOKENS", 1000)
-    monkeypatch.setattr(bert, "cpu_passes", spy)
+    backend.passes.max_tokens = 1000
+    monkeypatch.setattr(passes_module, "cpu_passes", spy)
     several = _embed(backend, encodings)
     assert calls and calls[0] >= 2
     assert_close_vectors(several, one, min_cos=0.999999, max_abs=1e-5, what="passes vs one")
-    # A short query runs on one thread, gives the same vector and leaves the caller's thread
-    # count as it found it.
+    # A short query runs on whichever thread count the chooser tries first and later keeps:
+    # every count gives the same vector and leaves the caller's thread count as it found it.
     threads = torch.get_num_threads()
-    alone = _embed(backend, encodings[:1])
+    alone = [_embed(backend, encodings[:1]) for _ in range(3)]
     assert torch.get_num_threads() == threads
-    assert_close_vectors(alone, one[:1], min_cos=0.999999, max_abs=1e-5, what="alone")
+    if threads > 1:
+        assert set(backend.passes.threads.cost) == {1, threads}
+    for vec in alone:
+        assert_close_vectors(vec, one[:1], min_cos=0.999999, max_abs=1e-5, what="alone")
+
+
+def test_the_faster_linear_kernel_is_picked_by_timing_the_model(
+    minilm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from vectorpress.backends.torch import passes
+    from vectorpress.backends.torch.passes import LinearKernels, pick_linear_kernels
+
+    spec = load_model_spec(minilm, Settings(model_id=str(minilm)))
+    backend = TorchBackend(spec, "cpu", "float32")
+    encoder = backend.model.encoder
+    # Both kernels stay ready; each pass takes the one measured faster for its size.
+    assert encoder.encoder.layer[0].fused.ffn_in.onednn
+    real_fallback, real_call = FusedLinear._fallback, FusedLinear.__call__
+
+    def slow_f_linear(self, x):  # type: ignore[no-untyped-def]
+        time.sleep(0.002)
+        return real_fallback(self, x)
+
+    def slow_onednn(self, x):  # type: ignore[no-untyped-def]
+        if self.packed is not None and layers._kernel.onednn:
+            time.sleep(0.002)
+        return real_call(self, x)
+
+    from vectorpress.backends.torch import layers
+
+    with monkeypatch.context() as m:
+        m.setattr(FusedLinear, "_fallback", slow_f_linear)
+        assert pick_linear_kernels(encoder, spec.position_offset) == LinearKernels(True, True)
+    with monkeypatch.context() as m:
+        m.setattr(FusedLinear, "__call__", slow_onednn)
+        assert pick_linear_kernels(encoder, spec.position_offset) == LinearKernels(False, False)
+
+    # A pass runs the kernel chosen for its size.
+    used: list[bool] = []
+
+    def spy(self, x):  # type: ignore[no-untyped-def]
+        used.append(self.packed is not None and layers._kernel.onednn)
+        return real_call(self, x)
+
+    monkeypatch.setattr(FusedLinear, "__call__", spy)
+    encodings = _encodings(minilm, mixed_texts(20, seed=2))
+    backend.passes = passes.CpuPasses(kernels=LinearKernels(small=True, large=False))
+    _embed(backend, _encodings(minilm, ["a short query"]))
+    assert used and all(used)
+    used.clear()
+    _embed(backend, encodings)
+    assert used and not any(used)
+
+
+def test_padded_passes_give_the_vectors_of_exact_ones(minilm: Path) -> None:
+    from vectorpress.backends.torch.passes import bucket_rows
+
+    spec = load_model_spec(minilm, Settings(model_id=str(minilm)))
+    backend = TorchBackend(spec, "cpu", "float32")
+    backend.model.encoder.fuse(True)
+    encodings = _encodings(minilm, mixed_texts(30, seed=11))
+    batches = [encodings[:3], encodings[3:9], encodings]
+    sizes = [sum(len(e) for e in b) for b in batches]
+    assert any(bucket_rows(n) > n for n in sizes), sizes
+    from vectorpress.backends.torch.passes import CpuPasses, LinearKernels
+
+    backend.passes = CpuPasses(kernels=LinearKernels(small=True, large=False))
+    exact = [_embed(backend, b) for b in batches]
+    backend.passes = CpuPasses(kernels=LinearKernels(small=True, large=True))
+    padded = [_embed(backend, b) for b in batches]
+    for want, got in zip(exact, padded, strict=True):
+        assert got.shape == want.shape
+        assert_close_vectors(got, want, min_cos=0.999999, max_abs=1e-5, what="padded pass")

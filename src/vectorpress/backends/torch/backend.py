@@ -11,7 +11,9 @@ from torch import nn
 
 from vectorpress.backends.torch.attention import PackedSequences, varlen_usable
 from vectorpress.backends.torch.heads import ClassificationHead, MLMHead, load_dense
+from vectorpress.backends.torch.layers import onednn_supported
 from vectorpress.backends.torch.loader import load_state_dict, remap, strict_load
+from vectorpress.backends.torch.passes import CpuPasses, LinearKernels, pick_linear_kernels
 from vectorpress.backends.torch.pooling import last_non_pad_rows, pool, splade_pool
 from vectorpress.backends.torch.registry import Architecture, lookup
 from vectorpress.errors import StartupError
@@ -97,9 +99,15 @@ class TorchBackend:
         torch_dtype = _DTYPES[self.dtype]
         model = build_model(spec, arch)
         model.eval().to(device=device, dtype=torch_dtype)
-        fuse = getattr(model.encoder, "fuse", None)
-        if fuse is not None:
-            fuse()
+        kernels = LinearKernels(small=False, large=False)
+        if device == "cpu" and onednn_supported(torch_dtype):
+            kernels = pick_linear_kernels(model.encoder, spec.position_offset)
+            log.info(
+                "linear layers, the faster here: %s for short passes, %s for larger ones",
+                *("oneDNN" if k else "F.linear" for k in (kernels.small, kernels.large)),
+            )
+        elif hasattr(model.encoder, "fuse"):
+            model.encoder.fuse()
         self.model = model
         self.varlen, why = varlen_usable(device, torch_dtype)
         log.info("attention: %s (%s)", "varlen_attn" if self.varlen else "sdpa", why)
@@ -107,19 +115,21 @@ class TorchBackend:
             load_dense(d).eval().to(device=device, dtype=torch.float32) for d in spec.dense
         ]
         self._torch_dtype = torch_dtype
+        self.passes = CpuPasses(kernels=kernels)
 
     def _encode(self, batch: Batch) -> tuple[torch.Tensor, PackedSequences]:
         dev = self.device
         seqs = PackedSequences(
             torch.from_numpy(batch.cu_seqlens).to(dev), batch.max_seqlen, self.varlen
         )
-        hidden = self.model.encoder(
+        inputs = (
             torch.from_numpy(batch.input_ids).to(dev),
             torch.from_numpy(batch.token_type_ids).to(dev),
             torch.from_numpy(batch.position_ids).to(dev),
-            seqs,
         )
-        return hidden, seqs
+        if dev != "cpu":
+            return self.model.encoder(*inputs, seqs), seqs
+        return self.passes.run(self.model.encoder, *inputs, seqs), seqs
 
     @torch.inference_mode()
     def embed(self, batch: Batch) -> BatchOutput:

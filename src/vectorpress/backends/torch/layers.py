@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from vectorpress.backends.torch.attention import PackedSequences
 from vectorpress.errors import StartupError
 
 log = logging.getLogger(__name__)
@@ -78,6 +77,25 @@ def _warn_slow_bf16() -> None:
         "this CPU has no native bfloat16 GEMM (AVX512-BF16 or AMX): --dtype bfloat16 runs "
         "emulated and slower than float32"
     )
+
+
+class _Kernel(threading.local):
+    onednn = True
+
+
+_kernel = _Kernel()
+
+
+@contextmanager
+def onednn_linears(enabled: bool) -> Iterator[None]:
+    """Whether FusedLinear layers run their packed oneDNN weights in this block, on this
+    thread; with False they take F.linear (see passes.pick_linear_kernels for why both)."""
+    before = _kernel.onednn
+    _kernel.onednn = enabled
+    try:
+        yield
+    finally:
+        _kernel.onednn = before
 
 
 class FusedLinear:
@@ -149,66 +167,8 @@ class FusedLinear:
         return self.act(y) if self.act is not None else y
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None:
+        if self.packed is None or not _kernel.onednn:
             return self._fallback(x)
         return torch.ops.mkldnn._linear_pointwise(
             x, self.packed, self.bias, self.attr, [], self.algorithm
         )
-
-
-# Real tokens per encoder pass on the CPU. Measured on all-MiniLM-L6-v2 (2-core AMD EPYC,
-# packed fp32, oneDNN linear): 4,096-token passes run 1.2-2x the tokens/s of 16,384-token
-# ones, and 2,048 about 0.75-0.85x of 4,096: a pass's activations then stay in the caches.
-# The queue's --max-batch-tokens keeps TEI's default (16384) and its meaning (what one batch
-# may hold); the CPU backend runs such a batch as several passes of this size.
-CPU_PASS_TOKENS = 4096
-
-# Below this many tokens a pass runs on one thread: a short query's GEMMs are too small to
-# split, and the threads' barriers cost more than they save; on a busy machine a second
-# thread that is not scheduled stalls every barrier (one 14-token query: 90 ms on one thread
-# against 900-1300 ms on two, with other processes on both cores).
-SMALL_PASS_TOKENS = 64
-
-
-def cpu_passes(seqs: PackedSequences, max_tokens: int = CPU_PASS_TOKENS) -> list[PassSlice]:
-    """Cut a packed batch at sequence bounds into passes of at most `max_tokens` (a longer
-    single sequence gets a pass of its own)."""
-    out: list[PassSlice] = []
-
-    def cut(a: int, b: int) -> None:
-        start = seqs.starts[a]
-        end = seqs.starts[b] if b < seqs.size else seqs.total
-        cu = seqs.cu_seqlens[a : b + 1] - start
-        out.append(PassSlice(start, end, PackedSequences(cu, max(seqs.lengths[a:b]))))
-
-    first, used = 0, 0
-    for i, n in enumerate(seqs.lengths):
-        if i > first and used + n > max_tokens:
-            cut(first, i)
-            first, used = i, 0
-        used += n
-    if seqs.size:
-        cut(first, seqs.size)
-    return out
-
-
-@dataclass(frozen=True)
-class PassSlice:
-    start: int
-    end: int
-    seqs: PackedSequences
-
-
-@contextmanager
-def threads_for(tokens: int) -> Iterator[None]:
-    """One intra-op thread for a small CPU pass; the caller's count is restored after it, so
-    that nothing else in the process (another model, a reference encoder) is slowed down."""
-    before = torch.get_num_threads()
-    if tokens >= SMALL_PASS_TOKENS or before == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)

@@ -17,13 +17,7 @@ import torch
 from torch import nn
 
 from vectorpress.backends.torch.attention import PackedSequences, packed_attention
-from vectorpress.backends.torch.layers import (
-    CPU_PASS_TOKENS,
-    FusedLinear,
-    activation,
-    cpu_passes,
-    threads_for,
-)
+from vectorpress.backends.torch.layers import FusedLinear, activation
 
 
 class BertEmbeddings(nn.Module):
@@ -163,15 +157,6 @@ class BertModel(nn.Module):
         seqs: PackedSequences,
     ) -> torch.Tensor:
         x = self.embeddings(input_ids, token_type_ids, position_ids)
-        if x.device.type != "cpu":
-            return self._layers(x, seqs)
-        if seqs.total <= CPU_PASS_TOKENS:
-            with threads_for(seqs.total):
-                return self._layers(x, seqs)
-        passes = cpu_passes(seqs, CPU_PASS_TOKENS)
-        return torch.cat([self._layers(x[p.start : p.end], p.seqs) for p in passes])
-
-    def _layers(self, x: torch.Tensor, seqs: PackedSequences) -> torch.Tensor:
         for layer in self.encoder.layer:
             x = layer(x, seqs)
         return x

@@ -52,6 +52,7 @@ format: $(VENV)/.dev
 
 test: $(VENV)/.dev $(STUBS)
 	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
 	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(BIN)/python -m pytest
 
 clean:

@@ -126,6 +126,7 @@ class OnnxBackend:
         if missing:
             raise StartupError(f"{self.path} lacks the inputs {sorted(missing)}")
         outputs = [o.name for o in self.session.get_outputs()]
+        want: tuple[str, ...]
         if spec.kind == "embedding":
             want = ("last_hidden_state", "token_embeddings")
         else:

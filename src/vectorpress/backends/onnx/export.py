@@ -37,7 +37,7 @@ def export_encoder(model_folder: Path, graph: Path, opset: int = 17) -> Path:
             out = self.model(
                 input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
             )
-            return out.last_hidden_state  # type: ignore[no-any-return]
+            return out.last_hidden_state
 
     ids = torch.ones(2, 7, dtype=torch.long)
     axes = {name: {0: "batch", 1: "sequence"} for name in (*GRAPH_INPUTS, "last_hidden_state")}

@@ -106,8 +106,8 @@ class TorchBackend:
                 "linear layers, the faster here: %s for short passes, %s for larger ones",
                 *("oneDNN" if k else "F.linear" for k in (kernels.small, kernels.large)),
             )
-        elif hasattr(model.encoder, "fuse"):
-            model.encoder.fuse()
+        elif callable(fuse := getattr(model.encoder, "fuse", None)):
+            fuse()
         self.model = model
         self.varlen, why = varlen_usable(device, torch_dtype)
         log.info("attention: %s (%s)", "varlen_attn" if self.varlen else "sdpa", why)

@@ -57,7 +57,7 @@ def last_non_pad_rows(
 def splade_pool(
     logits_fn,
     hidden: torch.Tensor,
-    seqs: PackedSequences,  # type: ignore[no-untyped-def]
+    seqs: PackedSequences,
     which: list[int],
 ) -> torch.Tensor:
     """max over tokens of log(1 + relu(MLM logits)), one sequence at a time.

@@ -80,7 +80,7 @@ class Architecture:
     def build_encoder(self, config: dict[str, object]) -> nn.Module:
         module_name, cls_name = self.encoder.split(":")
         module = importlib.import_module(f"vectorpress.backends.torch.models.{module_name}")
-        return getattr(module, cls_name)(config)  # type: ignore[no-any-return]
+        return getattr(module, cls_name)(config)
 
 
 _BERT = Architecture(

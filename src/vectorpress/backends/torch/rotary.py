@@ -71,6 +71,8 @@ class Rotary(nn.Module):
     to the activations' dtype, as there.
     """
 
+    inv_freq: torch.Tensor
+
     def __init__(self, head_dim: int, base: float, scale: float = 1.0) -> None:
         super().__init__()
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))

@@ -147,6 +147,7 @@ class BertModel(nn.Module):
     def fuse(self, fast: bool = True) -> None:
         """`fast=False` keeps F.linear everywhere: the reference the fast path is tested on."""
         for layer in self.encoder.layer:
+            assert isinstance(layer, BertLayer)
             layer.fuse(fast)
 
     def forward(

@@ -23,7 +23,7 @@ from vectorpress.core.infer import Infer
 from vectorpress.core.metrics import Metrics
 from vectorpress.core.queue import BatchingQueue
 from vectorpress.core.tokenization import TokenizerPool
-from vectorpress.core.worker import BackendWorker, limit_malloc_arenas
+from vectorpress.core.worker import BackendWorker, ModelThread, limit_malloc_arenas
 from vectorpress.hub import resolve_model
 from vectorpress.model_spec import ModelSpec, load_model_spec
 from vectorpress.observability.tracing import Tracing
@@ -52,9 +52,14 @@ class Served:
 
 
 def build_pipeline(
-    settings: Settings, spec: ModelSpec, backend: Backend, metrics: Metrics | None = None
+    settings: Settings,
+    spec: ModelSpec,
+    backend: Backend,
+    metrics: Metrics | None = None,
+    thread: ModelThread | None = None,
 ) -> Infer:
-    """Queue, worker, tokenizer pool and Infer around a loaded backend; the worker is started."""
+    """Queue, worker, tokenizer pool and Infer around a loaded backend; the worker is started
+    (on `thread`, the one that loaded the backend, when given)."""
     metrics = metrics or Metrics(spec.max_input_length, settings.model_name)
     metrics.set_info(backend=backend.name, dtype=backend.dtype, device=backend.device)
     max_batch_requests = backend.max_batch_size or settings.max_batch_requests
@@ -69,7 +74,7 @@ def build_pipeline(
         metrics.record_batch(batch, elapsed, backend.is_padded, ok)
 
     run = backend.embed if spec.kind == "embedding" else backend.predict
-    worker = BackendWorker(queue, run, on_batch)
+    worker = BackendWorker(queue, run, on_batch, thread)
     tokenizers = TokenizerPool.from_folder(
         spec.path,
         max_input_length=spec.max_input_length,
@@ -128,9 +133,14 @@ def load(settings: Settings, make_backend: BackendFactory = select_backend) -> S
         want_onnx=settings.backend == "onnx",
     )
     spec = load_model_spec(folder, settings)
-    backend = make_backend(spec, settings)
-    warm_up(backend, spec, settings)
-    infer = build_pipeline(settings, spec, backend)
+    thread = ModelThread()
+    try:
+        backend = thread.call(lambda: make_backend(spec, settings))
+        thread.call(lambda: warm_up(backend, spec, settings))
+    except BaseException:
+        thread.close()
+        raise
+    infer = build_pipeline(settings, spec, backend, thread=thread)
     tracing = Tracing.from_settings(settings)
     if tracing is not None:
         infer.tracer = tracing.tracer

@@ -110,51 +110,65 @@ def test_a_big_batch_in_several_cpu_passes_equals_one_pass(
     several = _embed(backend, encodings)
     assert calls and calls[0] >= 2
     assert_close_vectors(several, one, min_cos=0.999999, max_abs=1e-5, what="passes vs one")
-    # A short query runs on whichever thread count the chooser tries first and later keeps:
-    # every count gives the same vector and leaves the caller's thread count as it found it.
+    # A short query runs on the thread count planned for short passes: the same vector, every
+    # time to the last bit, and the caller's thread count is left as it was.
     threads = torch.get_num_threads()
     alone = [_embed(backend, encodings[:1]) for _ in range(3)]
     assert torch.get_num_threads() == threads
-    if threads > 1:
-        assert set(backend.passes.threads.cost) == {1, threads}
-    for vec in alone:
-        assert_close_vectors(vec, one[:1], min_cos=0.999999, max_abs=1e-5, what="alone")
+    assert all(np.array_equal(vec, alone[0]) for vec in alone)
+    assert_close_vectors(alone[0], one[:1], min_cos=0.999999, max_abs=1e-5, what="alone")
 
 
-def test_the_faster_linear_kernel_is_picked_by_timing_the_model(
+def test_kernels_and_threads_are_planned_by_timing_the_model(
     minilm: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import time
 
-    from vectorpress.backends.torch import passes
-    from vectorpress.backends.torch.passes import LinearKernels, pick_linear_kernels
+    from vectorpress.backends.torch import layers, passes
+    from vectorpress.backends.torch.passes import PassPlan, plan_passes
 
     spec = load_model_spec(minilm, Settings(model_id=str(minilm)))
     backend = TorchBackend(spec, "cpu", "float32")
     encoder = backend.model.encoder
-    # Both kernels stay ready; each pass takes the one measured faster for its size.
+    # Both kernels stay ready; each pass takes the one planned for its size.
     assert encoder.encoder.layer[0].fused.ffn_in.onednn
     real_fallback, real_call = FusedLinear._fallback, FusedLinear.__call__
 
     def slow_f_linear(self, x):  # type: ignore[no-untyped-def]
-        time.sleep(0.002)
+        time.sleep(0.01)
         return real_fallback(self, x)
 
     def slow_onednn(self, x):  # type: ignore[no-untyped-def]
         if self.packed is not None and layers._kernel.onednn:
-            time.sleep(0.002)
+            time.sleep(0.01)
         return real_call(self, x)
 
-    from vectorpress.backends.torch import layers
+    def slow_on_one_thread(self, x):  # type: ignore[no-untyped-def]
+        if torch.get_num_threads() == 1:
+            time.sleep(0.01)
+        return real_call(self, x)
 
-    with monkeypatch.context() as m:
-        m.setattr(FusedLinear, "_fallback", slow_f_linear)
-        assert pick_linear_kernels(encoder, spec.position_offset) == LinearKernels(True, True)
-    with monkeypatch.context() as m:
-        m.setattr(FusedLinear, "__call__", slow_onednn)
-        assert pick_linear_kernels(encoder, spec.position_offset) == LinearKernels(False, False)
+    def slow_on_many(self, x):  # type: ignore[no-untyped-def]
+        if torch.get_num_threads() > 1:
+            time.sleep(0.01)
+        return real_call(self, x)
 
-    # A pass runs the kernel chosen for its size.
+    def plan(**patch: object) -> PassPlan:
+        with monkeypatch.context() as m:
+            for name, fn in patch.items():
+                m.setattr(FusedLinear, name, fn)
+            return plan_passes(encoder, spec.position_offset)
+
+    if torch.get_num_threads() < 2:
+        torch.set_num_threads(2)
+    # The injected delays stand far above the noise of a loaded machine.
+    assert plan(_fallback=slow_f_linear, __call__=slow_on_one_thread) == PassPlan(True, True)
+    on_f_linear = plan(__call__=slow_onednn)
+    assert (on_f_linear.small_onednn, on_f_linear.large_onednn) == (False, False)
+    many = plan(__call__=slow_on_many)
+    assert (many.small_threads, many.large_threads) == (1, 1)
+
+    # A pass runs the kernel planned for its size.
     used: list[bool] = []
 
     def spy(self, x):  # type: ignore[no-untyped-def]
@@ -163,7 +177,7 @@ def test_the_faster_linear_kernel_is_picked_by_timing_the_model(
 
     monkeypatch.setattr(FusedLinear, "__call__", spy)
     encodings = _encodings(minilm, mixed_texts(20, seed=2))
-    backend.passes = passes.CpuPasses(kernels=LinearKernels(small=True, large=False))
+    backend.passes = passes.CpuPasses(plan=PassPlan(small_onednn=True, large_onednn=False))
     _embed(backend, _encodings(minilm, ["a short query"]))
     assert used and all(used)
     used.clear()
@@ -181,11 +195,11 @@ def test_padded_passes_give_the_vectors_of_exact_ones(minilm: Path) -> None:
     batches = [encodings[:3], encodings[3:9], encodings]
     sizes = [sum(len(e) for e in b) for b in batches]
     assert any(bucket_rows(n) > n for n in sizes), sizes
-    from vectorpress.backends.torch.passes import CpuPasses, LinearKernels
+    from vectorpress.backends.torch.passes import CpuPasses, PassPlan
 
-    backend.passes = CpuPasses(kernels=LinearKernels(small=True, large=False))
+    backend.passes = CpuPasses(plan=PassPlan(small_onednn=True, large_onednn=False))
     exact = [_embed(backend, b) for b in batches]
-    backend.passes = CpuPasses(kernels=LinearKernels(small=True, large=True))
+    backend.passes = CpuPasses(plan=PassPlan(small_onednn=True, large_onednn=True))
     padded = [_embed(backend, b) for b in batches]
     for want, got in zip(exact, padded, strict=True):
         assert got.shape == want.shape

@@ -13,7 +13,7 @@ from vectorpress.backends.torch.attention import PackedSequences, varlen_usable
 from vectorpress.backends.torch.heads import ClassificationHead, MLMHead, load_dense
 from vectorpress.backends.torch.layers import onednn_supported
 from vectorpress.backends.torch.loader import load_state_dict, remap, strict_load
-from vectorpress.backends.torch.passes import CpuPasses, LinearKernels, pick_linear_kernels
+from vectorpress.backends.torch.passes import CpuPasses, PassPlan, plan_passes
 from vectorpress.backends.torch.pooling import last_non_pad_rows, pool, splade_pool
 from vectorpress.backends.torch.registry import Architecture, lookup
 from vectorpress.errors import StartupError
@@ -71,6 +71,10 @@ def build_model(spec: ModelSpec, arch: Architecture) -> ServedModel:
     return model
 
 
+def _threads(n: int) -> str:
+    return "1 thread" if n == 1 else "all threads"
+
+
 def pick_device(requested: str) -> str:
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -99,12 +103,13 @@ class TorchBackend:
         torch_dtype = _DTYPES[self.dtype]
         model = build_model(spec, arch)
         model.eval().to(device=device, dtype=torch_dtype)
-        kernels = LinearKernels(small=False, large=False)
+        plan = PassPlan(small_onednn=False, large_onednn=False)
         if device == "cpu" and onednn_supported(torch_dtype):
-            kernels = pick_linear_kernels(model.encoder, spec.position_offset)
+            plan = plan_passes(model.encoder, spec.position_offset)
             log.info(
-                "linear layers, the faster here: %s for short passes, %s for larger ones",
-                *("oneDNN" if k else "F.linear" for k in (kernels.small, kernels.large)),
+                "CPU passes, as timed here: short ones on %s with %s, larger ones on %s with %s",
+                *("oneDNN" if plan.small_onednn else "F.linear", _threads(plan.small_threads)),
+                *("oneDNN" if plan.large_onednn else "F.linear", _threads(plan.large_threads)),
             )
         elif callable(fuse := getattr(model.encoder, "fuse", None)):
             fuse()
@@ -115,7 +120,7 @@ class TorchBackend:
             load_dense(d).eval().to(device=device, dtype=torch.float32) for d in spec.dense
         ]
         self._torch_dtype = torch_dtype
-        self.passes = CpuPasses(kernels=kernels)
+        self.passes = CpuPasses(plan=plan)
 
     def _encode(self, batch: Batch) -> tuple[torch.Tensor, PackedSequences]:
         dev = self.device

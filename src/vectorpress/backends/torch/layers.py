@@ -89,7 +89,7 @@ _kernel = _Kernel()
 @contextmanager
 def onednn_linears(enabled: bool) -> Iterator[None]:
     """Whether FusedLinear layers run their packed oneDNN weights in this block, on this
-    thread; with False they take F.linear (see passes.pick_linear_kernels for why both)."""
+    thread; with False they take F.linear (see passes.plan_passes for why both)."""
     before = _kernel.onednn
     _kernel.onednn = enabled
     try:

@@ -22,8 +22,8 @@ from vectorpress.backends.torch.layers import onednn_linears
 # may hold); the CPU backend runs such a batch as several passes of this size.
 CPU_PASS_TOKENS = 4096
 
-# Passes below this many tokens have GEMMs too small to split well, and their best thread
-# count depends on what else runs on the machine (see ThreadChooser).
+# Passes below this many tokens have GEMMs too small to split well: they get their own
+# linear kernel and thread count (see plan_passes).
 SMALL_PASS_TOKENS = 64
 
 # oneDNN builds and keeps a primitive, with its JIT-compiled kernel, for every GEMM shape it
@@ -90,123 +90,72 @@ def num_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-class ThreadChooser:
-    """Intra-op threads for small passes, chosen by timing both candidates as they run.
-
-    On an idle 2-core machine two threads run a 16-token query about 1.5x faster than one; when
-    other processes hold the cores, each GEMM's barrier waits for a thread that is not
-    scheduled, and two threads ran a 14-token query 10x slower than one (900 ms against 90).
-    Neither count is right everywhere, so small passes keep the faster one by measurement and
-    try the other every `probe_every` small passes, half as often after each losing try, in
-    case the load has changed. Larger passes always use every thread: their GEMMs split well.
-    """
-
-    def __init__(
-        self, small: int = SMALL_PASS_TOKENS, probe_every: int = 16, max_probe_every: int = 512
-    ) -> None:
-        self.small = small
-        self.base_every = probe_every
-        self.max_every = max_probe_every
-        self.every = probe_every
-        self.cost: dict[int, float] = {}
-        """Seconds per small pass (normalized by size), by thread count."""
-        self.best: int | None = None
-        self._since_probe = 0
-
-    @staticmethod
-    def _normalized(tokens: int, seconds: float) -> float:
-        # A small pass's time is mostly streaming the weights, then grows with its tokens.
-        return seconds / (tokens + SMALL_PASS_TOKENS)
-
-    def choose(self, tokens: int, available: int) -> int:
-        if tokens >= self.small or available == 1:
-            return available
-        candidates = (1, available)
-        unmeasured = [n for n in candidates if n not in self.cost]
-        if unmeasured:
-            return unmeasured[0]
-        best = self.best if self.best in candidates else min(candidates, key=self.cost.__getitem__)
-        self._since_probe += 1
-        if self._since_probe >= self.every:
-            self._since_probe = 0
-            return available if best == 1 else 1
-        return best
-
-    def record(self, threads: int, tokens: int, seconds: float) -> None:
-        if tokens >= self.small:
-            return
-        cost = self._normalized(tokens, seconds)
-        previous = self.cost.get(threads)
-        if threads == self.best and previous is not None:
-            # The running choice is measured all the time: smooth out one slow pass.
-            self.cost[threads] = previous + 0.25 * (cost - previous)
-        else:
-            # A probe is rare: take it as it is, or a changed load would need many probes.
-            self.cost[threads] = cost
-        if len(self.cost) < 2:
-            return
-        winner = min(self.cost, key=self.cost.__getitem__)
-        if threads != self.best and self.best is not None:
-            self.every = (
-                self.base_every if winner == threads else min(2 * self.every, self.max_every)
-            )
-        self.best = winner
-
-
 @dataclass(frozen=True)
-class LinearKernels:
-    """Whether passes run their linear layers on oneDNN, by pass size (see SMALL_PASS_TOKENS)."""
+class PassPlan:
+    """How CPU passes run, for short ones (under SMALL_PASS_TOKENS) and for the rest: on oneDNN
+    or on F.linear, and on how many intra-op threads (0: the caller's count)."""
 
-    small: bool
-    large: bool
+    small_onednn: bool
+    large_onednn: bool
+    small_threads: int = 0
+    large_threads: int = 0
 
 
-def pick_linear_kernels(
+def plan_passes(
     encoder: nn.Module, position_offset: int, *, repeats: int = 3, margin: float = 0.05
-) -> LinearKernels:
-    """Time the model's own forward on F.linear and on oneDNN, for a short query and for a
-    mid-sized pass, and keep the faster of each (oneDNN must win by `margin`).
+) -> PassPlan:
+    """Time the model's own forward for a short query and for a mid-sized pass, on oneDNN and
+    on F.linear, on one thread and on all, and keep the fastest of each (oneDNN must win by
+    `margin`: it costs memory). Decided once, at start-up, so that an input gives the same
+    vector every time: the thread count can change the last bits.
 
     oneDNN on weights reordered once beats MKL's sgemm behind F.linear by up to 2x on CPUs with
     AVX-512 (MKL takes generic kernels on AMD ones). On an AVX2-only AMD EPYC it ran a 16-token
     query about 1.3x faster, but larger passes no faster, and there its primitives for every
-    new row count cost resident memory (see `bucket_rows`).
+    new row count cost resident memory (see `bucket_rows`). Two threads run a short query 1.5x
+    faster than one on an idle machine, but 10x slower when other processes hold the cores
+    (each op's barrier waits for a thread that is not scheduled).
     """
     fuse = getattr(encoder, "fuse", None)
     if fuse is None:
-        return LinearKernels(False, False)
+        return PassPlan(False, False)
     fuse(True)
+    available = torch.get_num_threads()
 
-    def timed(lengths: list[int], onednn: bool) -> float:
+    def timed(lengths: list[int], onednn: bool, threads: int) -> float:
         ids = torch.zeros(sum(lengths), dtype=torch.long)
         positions = torch.cat([torch.arange(n) for n in lengths]) + position_offset
         bounds = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
         seqs = PackedSequences(bounds, max(lengths))
         times = []
-        with torch.inference_mode(), onednn_linears(onednn):
+        with torch.inference_mode(), onednn_linears(onednn), num_threads(threads):
             for _ in range(repeats + 1):  # the first run builds kernels: not counted
                 started = time.perf_counter()
                 encoder(ids, ids, positions, seqs)
                 times.append(time.perf_counter() - started)
         return min(times[1:])
 
-    def faster(lengths: list[int]) -> bool:
-        return timed(lengths, True) < (1 - margin) * timed(lengths, False)
+    def pick(lengths: list[int]) -> tuple[bool, int]:
+        on_onednn = timed(lengths, True, available)
+        onednn = on_onednn < (1 - margin) * timed(lengths, False, available)
+        best = on_onednn if onednn else timed(lengths, False, available)
+        if available > 1 and timed(lengths, onednn, 1) < best:
+            return onednn, 1
+        return onednn, 0
 
-    return LinearKernels(small=faster([16]), large=faster([64] * 4))
+    small_onednn, small_threads = pick([16])
+    large_onednn, large_threads = pick([64] * 4)
+    return PassPlan(small_onednn, large_onednn, small_threads, large_threads)
 
 
 class CpuPasses:
     """Runs an encoder over a packed batch pass by pass (see CPU_PASS_TOKENS)."""
 
     def __init__(
-        self,
-        max_tokens: int = CPU_PASS_TOKENS,
-        kernels: LinearKernels = LinearKernels(small=True, large=True),
+        self, max_tokens: int = CPU_PASS_TOKENS, plan: PassPlan = PassPlan(True, True)
     ) -> None:
         self.max_tokens = max_tokens
-        self.kernels = kernels
-        self.threads = ThreadChooser()
+        self.plan = plan
 
     def run(
         self,
@@ -240,7 +189,9 @@ class CpuPasses:
         seqs: PackedSequences,
     ) -> torch.Tensor:
         tokens = seqs.total
-        onednn = self.kernels.small if tokens < SMALL_PASS_TOKENS else self.kernels.large
+        small = tokens < SMALL_PASS_TOKENS
+        plan = self.plan
+        onednn = plan.small_onednn if small else plan.large_onednn
         # Only oneDNN keeps something per shape.
         rows = bucket_rows(tokens) if onednn else tokens
         if rows > tokens:
@@ -255,9 +206,7 @@ class CpuPasses:
                 max(seqs.max_seqlen, pad),
                 seqs.varlen,
             )
-        threads = self.threads.choose(tokens, torch.get_num_threads())
-        started = time.perf_counter()
+        threads = (plan.small_threads if small else plan.large_threads) or torch.get_num_threads()
         with num_threads(threads), onednn_linears(onednn):
             out = encoder(input_ids, token_type_ids, position_ids, seqs)
-        self.threads.record(threads, tokens, time.perf_counter() - started)
         return out if rows == tokens else out[:tokens]

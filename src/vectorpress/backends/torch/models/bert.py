@@ -10,14 +10,14 @@ only attention sees sequence bounds. Attribute names follow the Hugging Face sta
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from vectorpress.backends.torch.attention import PackedSequences, packed_attention
-from vectorpress.backends.torch.layers import FusedLinear, activation
+from vectorpress.backends.torch.blocks import FusedPostNormLayer
+from vectorpress.backends.torch.layers import activation
 
 
 class BertEmbeddings(nn.Module):
@@ -87,47 +87,33 @@ class BertLayer(nn.Module):
         self.output = BertOutput(hidden, cfg["intermediate_size"], eps)
         self.act_name = cfg.get("hidden_act", "gelu")
         self.act = activation(self.act_name)
-        self.fused: _FusedBertLayer | None = None
+        self.fused: FusedPostNormLayer | None = None
 
     def fuse(self, fast: bool = True) -> None:
         """Prepare the layer's GEMMs once the weights are final: Q, K and V as one projection,
         the FFN activation fused into its GEMM, weights in the kernel's layout."""
         sa = self.attention.self
-        qkv_weight = torch.cat([sa.query.weight, sa.key.weight, sa.value.weight])
-        qkv_bias = torch.cat([sa.query.bias, sa.key.bias, sa.value.bias])
-        self.fused = _FusedBertLayer(
-            qkv=FusedLinear(qkv_weight, qkv_bias, fast=fast),
-            attn_out=FusedLinear.of(self.attention.output.dense, fast=fast),
-            ffn_in=FusedLinear.of(self.intermediate.dense, self.act_name, fast=fast),
-            ffn_out=FusedLinear.of(self.output.dense, fast=fast),
+        self.fused = FusedPostNormLayer.of(
+            self.heads,
+            (sa.query, sa.key, sa.value),
+            self.attention.output.dense,
+            (self.intermediate.dense, self.output.dense),
+            self.act_name,
+            fast,
         )
 
     def forward(self, x: torch.Tensor, seqs: PackedSequences) -> torch.Tensor:
+        out = self.attention.output
+        if self.fused is not None:
+            return self.fused(x, seqs, out.LayerNorm, self.output.LayerNorm)
         total, hidden = x.shape
-        fused = self.fused
-        if fused is None:
-            sa = self.attention.self
-            qkv = torch.cat([sa.query(x), sa.key(x), sa.value(x)], dim=-1)
-        else:
-            qkv = fused.qkv(x)
+        sa = self.attention.self
+        qkv = torch.cat([sa.query(x), sa.key(x), sa.value(x)], dim=-1)
         q, k, v = qkv.view(total, 3, self.heads, hidden // self.heads).unbind(1)
         ctx = packed_attention(q, k, v, seqs).reshape(total, hidden)
-        out = self.attention.output
-        if fused is None:
-            x = out.LayerNorm(out.dense(ctx) + x)
-            h = self.act(self.intermediate.dense(x))
-            return self.output.LayerNorm(self.output.dense(h) + x)
-        x = out.LayerNorm(fused.attn_out(ctx).add_(x))
-        h = fused.ffn_in(x)
-        return self.output.LayerNorm(fused.ffn_out(h).add_(x))
-
-
-@dataclass
-class _FusedBertLayer:
-    qkv: FusedLinear
-    attn_out: FusedLinear
-    ffn_in: FusedLinear
-    ffn_out: FusedLinear
+        x = out.LayerNorm(out.dense(ctx) + x)
+        h = self.act(self.intermediate.dense(x))
+        return self.output.LayerNorm(self.output.dense(h) + x)
 
 
 class BertEncoder(nn.Module):

@@ -34,6 +34,8 @@ class FaultyBackend:
         self.oom_above: int | None = None
         self.kill_next = False
         self.delay = 0.0
+        self.gate: threading.Event | None = None
+        """When set, each forward pass waits for it (at most a minute)."""
         self.batches: list[list[list[int]]] = []
         self.started = threading.Event()
 
@@ -43,6 +45,8 @@ class FaultyBackend:
             [batch.input_ids[cu[i] : cu[i + 1]].tolist() for i in range(batch.size)]
         )
         self.started.set()
+        if self.gate is not None:
+            self.gate.wait(60)
         if self.delay:
             time.sleep(self.delay)
         if self.kill_next:

@@ -102,7 +102,12 @@ class PassPlan:
 
 
 def plan_passes(
-    encoder: nn.Module, position_offset: int, *, repeats: int = 3, margin: float = 0.05
+    encoder: nn.Module,
+    position_offset: int,
+    *,
+    repeats: int = 3,
+    budget: float = 0.3,
+    margin: float = 0.05,
 ) -> PassPlan:
     """Time the model's own forward for a short query and for a mid-sized pass, on oneDNN and
     on F.linear, on one thread and on all, and keep the fastest of each (oneDNN must win by
@@ -127,9 +132,11 @@ def plan_passes(
         positions = torch.cat([torch.arange(n) for n in lengths]) + position_offset
         bounds = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
         seqs = PackedSequences(bounds, max(lengths))
-        times = []
+        times: list[float] = []
         with torch.inference_mode(), onednn_linears(onednn), num_threads(threads):
-            for _ in range(repeats + 1):  # the first run builds kernels: not counted
+            # The first run builds kernels: not counted. A large model stops after one timed
+            # run, or planning would hold its start-up for a minute.
+            while len(times) < repeats + 1 and (len(times) < 2 or sum(times[1:]) < budget):
                 started = time.perf_counter()
                 encoder(ids, ids, positions, seqs)
                 times.append(time.perf_counter() - started)

@@ -103,7 +103,9 @@ class FusedLinear:
 
     On the CPU, oneDNN with the weight reordered once into its blocked layout, and the
     activation fused into the GEMM, runs the linear layers of an encoder well above MKL's sgemm
-    behind `F.linear` on AMD CPUs (MKL picks generic kernels there). `_linear_pointwise` is a
+    behind `F.linear` on AMD CPUs with AVX-512 (MKL picks generic kernels there); on an AVX2-only
+    EPYC it wins only on short passes, so which one runs is planned per model and pass size
+    (`passes.plan_passes`, `onednn_linears`). `_linear_pointwise` is a
     private op, so anything unexpected (no oneDNN, an op that changed, another device, a dtype
     the CPU lacks) falls back to `F.linear` plus the activation, and the packed path is
     checked against that fallback once when it is built.

@@ -1,5 +1,5 @@
-"""How a packed batch runs on the CPU: cut into cache-sized passes, each on the thread count
-that is measured to be faster for it."""
+"""How a packed batch runs on the CPU: cut into cache-sized passes, each on the linear kernel
+and the thread count that start-up timing planned for its size."""
 
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ SMALL_PASS_TOKENS = 64
 
 # oneDNN builds and keeps a primitive, with its JIT-compiled kernel, for every GEMM shape it
 # meets, and packed passes have a new row count nearly every time: resident memory grew by
-# about 2 MiB a batch under mixed traffic (bench/soak.py; F.linear stayed flat). Passes of
+# about 2 MiB a batch in in-process probes (F.linear stayed flat). Passes of
 # SMALL_PASS_TOKENS or more are therefore padded with a filler sequence up to one of 8 sizes
-# per power of two: about 40 shapes up to 4,096 tokens (plus the 63 small ones, run as they
+# per power of two: about 50 shapes up to 4,096 tokens (plus the 63 small ones, run as they
 # are), for at most 1/8 (about 4% averaged over every size) of extra rows.
 _ROW_STEPS_PER_OCTAVE = 8
 

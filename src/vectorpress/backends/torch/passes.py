@@ -172,20 +172,22 @@ class CpuPasses:
         position_ids: torch.Tensor,
         seqs: PackedSequences,
     ) -> torch.Tensor:
-        if seqs.total <= self.max_tokens:
-            return self._one(encoder, input_ids, token_type_ids, position_ids, seqs)
-        return torch.cat(
-            [
-                self._one(
-                    encoder,
-                    input_ids[p.start : p.end],
-                    token_type_ids[p.start : p.end],
-                    position_ids[p.start : p.end],
-                    p.seqs,
-                )
-                for p in cpu_passes(seqs, self.max_tokens)
-            ]
+        cuts = (
+            [PassSlice(0, seqs.total, seqs)]
+            if seqs.total <= self.max_tokens
+            else cpu_passes(seqs, self.max_tokens)
         )
+        outs = [
+            self._one(
+                encoder,
+                input_ids[p.start : p.end],
+                token_type_ids[p.start : p.end],
+                position_ids[p.start : p.end],
+                p.seqs,
+            )
+            for p in cuts
+        ]
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def _one(
         self,

@@ -186,21 +186,34 @@ def test_kernels_and_threads_are_planned_by_timing_the_model(
 
 
 def test_padded_passes_give_the_vectors_of_exact_ones(minilm: Path) -> None:
-    from vectorpress.backends.torch.passes import bucket_rows
+    from vectorpress.backends.torch.passes import CpuPasses, PassPlan, bucket_rows
 
     spec = load_model_spec(minilm, Settings(model_id=str(minilm)))
     backend = TorchBackend(spec, "cpu", "float32")
     backend.model.encoder.fuse(True)
     encodings = _encodings(minilm, mixed_texts(30, seed=11))
-    batches = [encodings[:3], encodings[3:9], encodings]
+    query = _encodings(minilm, ["where is the nearest train station"])
+    batches = [query, query + query[:1], encodings[:3], encodings[3:9], encodings]
     sizes = [sum(len(e) for e in b) for b in batches]
-    assert any(bucket_rows(n) > n for n in sizes), sizes
-    from vectorpress.backends.torch.passes import CpuPasses, PassPlan
+    # Short passes and larger ones both get filler rows.
+    assert bucket_rows(sizes[0]) > sizes[0] and sizes[0] < 64, sizes
+    assert any(bucket_rows(n) > n for n in sizes[2:]), sizes
 
-    backend.passes = CpuPasses(plan=PassPlan(small_onednn=True, large_onednn=False))
+    # Only F.linear runs rows as they come.
+    backend.passes = CpuPasses(plan=PassPlan(small_onednn=False, large_onednn=False))
     exact = [_embed(backend, b) for b in batches]
     backend.passes = CpuPasses(plan=PassPlan(small_onednn=True, large_onednn=True))
     padded = [_embed(backend, b) for b in batches]
     for want, got in zip(exact, padded, strict=True):
         assert got.shape == want.shape
         assert_close_vectors(got, want, min_cos=0.999999, max_abs=1e-5, what="padded pass")
+
+
+def test_onednn_passes_run_at_a_bounded_set_of_row_counts() -> None:
+    from vectorpress.backends.torch.passes import CPU_PASS_TOKENS, bucket_rows
+
+    rows = [bucket_rows(n) for n in range(1, CPU_PASS_TOKENS + 1)]
+    assert all(r >= n for n, r in enumerate(rows, start=1))
+    assert all(r - n <= max(15, n // 8) for n, r in enumerate(rows, start=1))
+    assert {bucket_rows(n) for n in range(1, 64)} == {16, 32, 48, 64}
+    assert len(set(rows)) <= 60

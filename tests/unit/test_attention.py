@@ -39,3 +39,28 @@ def test_pooling_methods_on_packed_states() -> None:
         pool(hidden, seqs, "mean"), torch.stack([hidden[:2].mean(0), hidden[2:].mean(0)])
     )
     torch.testing.assert_close(pool(hidden, seqs, "mean", [1]), hidden[2:].mean(0, keepdim=True))
+
+
+def test_a_filler_sequence_is_a_sequence_of_its_own() -> None:
+    torch.manual_seed(0)
+    cu = torch.tensor([0, 5, 8, 13], dtype=torch.int32)
+    seqs = PackedSequences(cu, 5).with_filler(20)
+    fresh = PackedSequences(torch.tensor([0, 5, 8, 13, 20], dtype=torch.int32), 7)
+    assert (seqs.starts, seqs.lengths, seqs.total, seqs.max_seqlen, seqs.size) == (
+        fresh.starts,
+        fresh.lengths,
+        fresh.total,
+        fresh.max_seqlen,
+        fresh.size,
+    )
+    torch.testing.assert_close(seqs.cu_seqlens, fresh.cu_seqlens)
+    q, k, v = (torch.randn(20, 4, 8) for _ in range(3))
+    # The real rows do not see the filler's, however the filler is filled.
+    padded = packed_attention(q, k, v, seqs)
+    k2, v2 = k.clone(), v.clone()
+    k2[13:], v2[13:] = 100.0, -100.0
+    torch.testing.assert_close(packed_attention(q, k2, v2, seqs)[:13], padded[:13])
+    real = PackedSequences(cu, 5)
+    torch.testing.assert_close(
+        padded[:13], reference_attention(q[:13], k[:13], v[:13], real), atol=1e-5, rtol=1e-5
+    )

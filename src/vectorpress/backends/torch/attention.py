@@ -8,6 +8,7 @@ call per sequence and is the path every fast path is tested against.
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections import defaultdict
 from collections.abc import Callable
@@ -56,6 +57,22 @@ class PackedSequences:
     @property
     def size(self) -> int:
         return len(self.lengths)
+
+    def with_filler(self, rows: int) -> PackedSequences:
+        """These sequences and one more of filler tokens after them, `rows` tokens in all.
+
+        The filler is a sequence of its own, so attention never mixes it with real tokens; the
+        length groups already computed are kept.
+        """
+        pad = rows - self.total
+        out = copy.copy(self)
+        out.cu_seqlens = torch.cat([self.cu_seqlens, self.cu_seqlens.new_tensor([rows])])
+        out.max_seqlen = max(self.max_seqlen, pad)
+        out.starts = [*self.starts, self.total]
+        out.lengths = [*self.lengths, pad]
+        out.total = rows
+        out.groups = [*self.groups, LengthGroup(pad, 1, None, self.total)]
+        return out
 
     def segment_ids(self) -> torch.Tensor:
         """(total_tokens,) index of the sequence each token belongs to."""

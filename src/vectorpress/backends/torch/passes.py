@@ -28,18 +28,23 @@ SMALL_PASS_TOKENS = 64
 
 # oneDNN builds and keeps a primitive, with its JIT-compiled kernel, for every GEMM shape it
 # meets, and packed passes have a new row count nearly every time: resident memory grew by
-# about 2 MiB a batch in in-process probes (F.linear stayed flat). Passes of
-# SMALL_PASS_TOKENS or more are therefore padded with a filler sequence up to one of 8 sizes
-# per power of two: about 50 shapes up to 4,096 tokens (plus the 63 small ones, run as they
-# are), for at most 1/8 (about 4% averaged over every size) of extra rows.
+# about 2 MiB a batch in in-process probes (F.linear stayed flat). Even the 63 row counts of
+# short passes cost about 110 MiB more than 4 and kept creeping (+14 MiB over 8,000 batches;
+# a larger ONEDNN_PRIMITIVE_CACHE_CAPACITY did not change that). So every oneDNN pass is padded
+# with a filler sequence: a short one to a multiple of 16 rows (4 shapes, flat over 7,000
+# batches, about 3% slower than exact rows; multiples of 8 ran slower still), a larger one to
+# one of 8 sizes per power of two (about 50 shapes up to 4,096 tokens, at most 1/8, about 4%
+# averaged over every size, of extra rows).
+_SMALL_ROW_STEP = 16
 _ROW_STEPS_PER_OCTAVE = 8
 
 
 def bucket_rows(rows: int) -> int:
-    """The row count a CPU pass of `rows` real tokens runs at."""
+    """The row count a oneDNN pass of `rows` real tokens runs at."""
     if rows < SMALL_PASS_TOKENS:
-        return rows
-    step = (1 << (rows.bit_length() - 1)) // _ROW_STEPS_PER_OCTAVE
+        step = _SMALL_ROW_STEP
+    else:
+        step = (1 << (rows.bit_length() - 1)) // _ROW_STEPS_PER_OCTAVE
     return -(-rows // step) * step
 
 
@@ -204,17 +209,12 @@ class CpuPasses:
         # Only oneDNN keeps something per shape.
         rows = bucket_rows(tokens) if onednn else tokens
         if rows > tokens:
-            # The filler is a sequence of its own: attention never mixes it with real tokens,
-            # and its rows are dropped below.
+            # The filler's rows are dropped below.
             pad = rows - tokens
             input_ids, token_type_ids, position_ids = (
                 torch.cat([t, t.new_zeros(pad)]) for t in (input_ids, token_type_ids, position_ids)
             )
-            seqs = PackedSequences(
-                torch.cat([seqs.cu_seqlens, seqs.cu_seqlens.new_tensor([rows])]),
-                max(seqs.max_seqlen, pad),
-                seqs.varlen,
-            )
+            seqs = seqs.with_filler(rows)
         threads = (plan.small_threads if small else plan.large_threads) or torch.get_num_threads()
         with num_threads(threads), onednn_linears(onednn):
             out = encoder(input_ids, token_type_ids, position_ids, seqs)

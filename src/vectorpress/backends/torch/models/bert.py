@@ -77,17 +77,25 @@ class BertOutput(nn.Module):
         self.LayerNorm = nn.LayerNorm(hidden, eps=eps)
 
 
-class BertLayer(nn.Module):
+class PostNormFFN(nn.Module):
+    """What BERT's layer shares with MPNet's: the feed-forward half and its fused GEMMs. Each
+    subclass adds its own `attention` block."""
+
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__()
         hidden, eps = cfg["hidden_size"], cfg.get("layer_norm_eps", 1e-12)
         self.heads = cfg["num_attention_heads"]
-        self.attention = BertAttention(hidden, eps)
         self.intermediate = BertIntermediate(hidden, cfg["intermediate_size"])
         self.output = BertOutput(hidden, cfg["intermediate_size"], eps)
         self.act_name = cfg.get("hidden_act", "gelu")
         self.act = activation(self.act_name)
         self.fused: FusedPostNormLayer | None = None
+
+
+class BertLayer(PostNormFFN):
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__(cfg)
+        self.attention = BertAttention(cfg["hidden_size"], cfg.get("layer_norm_eps", 1e-12))
 
     def fuse(self, fast: bool = True) -> None:
         """Prepare the layer's GEMMs once the weights are final: Q, K and V as one projection,

@@ -20,8 +20,7 @@ from torch import nn
 
 from vectorpress.backends.torch.attention import PackedSequences, packed_attention
 from vectorpress.backends.torch.blocks import FusedPostNormLayer
-from vectorpress.backends.torch.layers import activation
-from vectorpress.backends.torch.models.bert import BertIntermediate, BertOutput
+from vectorpress.backends.torch.models.bert import PostNormFFN
 
 _BUCKETS = 32
 _MAX_DISTANCE = 128
@@ -72,17 +71,10 @@ class MPNetAttention(nn.Module):
         self.LayerNorm = nn.LayerNorm(hidden, eps=eps)
 
 
-class MPNetLayer(nn.Module):
+class MPNetLayer(PostNormFFN):
     def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__()
-        hidden, eps = cfg["hidden_size"], cfg.get("layer_norm_eps", 1e-12)
-        self.heads = cfg["num_attention_heads"]
-        self.attention = MPNetAttention(hidden, eps)
-        self.intermediate = BertIntermediate(hidden, cfg["intermediate_size"])
-        self.output = BertOutput(hidden, cfg["intermediate_size"], eps)
-        self.act_name = cfg.get("hidden_act", "gelu")
-        self.act = activation(self.act_name)
-        self.fused: FusedPostNormLayer | None = None
+        super().__init__(cfg)
+        self.attention = MPNetAttention(cfg["hidden_size"], cfg.get("layer_norm_eps", 1e-12))
 
     def fuse(self, fast: bool = True) -> None:
         sa = self.attention.attn

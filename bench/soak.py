@@ -134,7 +134,6 @@ async def run(args: argparse.Namespace) -> int:
         async def rest_sample() -> None:
             """Resident memory with nothing in flight: the load pauses, one short request
             makes the worker trim its heap, and what is left is what the server retains."""
-            nonlocal in_flight
             running.clear()
             deadline = time.monotonic() + 60
             while in_flight and time.monotonic() < deadline:

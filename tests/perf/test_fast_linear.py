@@ -154,13 +154,12 @@ def test_kernels_and_threads_are_planned_by_timing_the_model(
         return real_call(self, x)
 
     def plan(**patch: object) -> PassPlan:
-        with monkeypatch.context() as m:
+        # At least two threads, so that "one" and "all" differ; the count is restored after.
+        with monkeypatch.context() as m, passes.num_threads(max(2, torch.get_num_threads())):
             for name, fn in patch.items():
                 m.setattr(FusedLinear, name, fn)
             return plan_passes(encoder, spec.position_offset)
 
-    if torch.get_num_threads() < 2:
-        torch.set_num_threads(2)
     # The injected delays stand far above the noise of a loaded machine.
     assert plan(_fallback=slow_f_linear, __call__=slow_on_one_thread) == PassPlan(True, True)
     on_f_linear = plan(__call__=slow_onednn)

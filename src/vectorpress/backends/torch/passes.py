@@ -149,8 +149,9 @@ def plan_passes(
 
     def pick(lengths: list[int]) -> tuple[bool, int]:
         on_onednn = timed(lengths, True, available)
-        onednn = on_onednn < (1 - margin) * timed(lengths, False, available)
-        best = on_onednn if onednn else timed(lengths, False, available)
+        on_f_linear = timed(lengths, False, available)
+        onednn = on_onednn < (1 - margin) * on_f_linear
+        best = on_onednn if onednn else on_f_linear
         if available > 1 and timed(lengths, onednn, 1) < best:
             return onednn, 1
         return onednn, 0

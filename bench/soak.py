@@ -96,6 +96,7 @@ async def run(args: argparse.Namespace) -> int:
             str(port),
             "--max-concurrent-requests",
             str(args.permits),
+            *(["--dtype", args.dtype] if args.dtype else []),
         ],
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
         stdout=subprocess.DEVNULL,
@@ -233,7 +234,8 @@ async def run(args: argparse.Namespace) -> int:
             "",
             f"`{' '.join(command)}`: "
             f"{args.minutes} min, {args.clients} clients, --max-concurrent-requests "
-            f"{args.permits}, all-MiniLM-L6-v2, {os.cpu_count()} cores.",
+            f"{args.permits}, all-MiniLM-L6-v2 ({args.dtype or 'default dtype'}), "
+            f"{os.cpu_count()} cores.",
             "",
             f"- requests: {counts['requests']}, deliberately bad: {counts['bad']}, "
             f"disconnects: {counts['disconnects']}",
@@ -291,6 +293,7 @@ def main() -> int:
     parser.add_argument("--warmup-minutes", type=float, default=3.0)
     parser.add_argument("--clients", type=int, default=24)
     parser.add_argument("--permits", type=int, default=64)
+    parser.add_argument("--dtype", help="the server's --dtype (default: its own)")
     return asyncio.run(run(parser.parse_args()))
 
 

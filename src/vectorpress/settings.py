@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 
 from vectorpress.errors import StartupError
 
-DTYPES = ("float32", "float16", "bfloat16")
+DTYPES = ("float32", "float16", "bfloat16", "int8")
 POOLINGS = ("cls", "mean", "splade", "last_token")
 BACKENDS = ("auto", "torch", "hf", "onnx")
 DEVICES = ("auto", "cpu", "cuda")

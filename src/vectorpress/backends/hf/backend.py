@@ -61,6 +61,11 @@ class HFBackend:
         # Gemma's activations outgrow float16's range; its authors run it in bfloat16.
         gpu_default = "bfloat16" if spec.model_type.startswith("gemma") else "float16"
         self.dtype = dtype or ("float32" if device == "cpu" else gpu_default)
+        if self.dtype not in _DTYPES:
+            raise StartupError(
+                f"--dtype {self.dtype} runs on the torch backend only; {spec.model_type} is "
+                "served by transformers here"
+            )
         auto = _auto_class(spec)
         try:
             model = auto.from_pretrained(str(spec.path), **{_DTYPE_ARG: _DTYPES[self.dtype]})

@@ -11,9 +11,15 @@ from torch import nn
 
 from vectorpress.backends.torch.attention import PackedSequences, varlen_usable
 from vectorpress.backends.torch.heads import ClassificationHead, MLMHead, load_dense
+from vectorpress.backends.torch.int8 import (
+    INT8_PASS_TOKENS,
+    calibration_batch,
+    int8_ready,
+    quantize_linears,
+)
 from vectorpress.backends.torch.layers import onednn_supported
 from vectorpress.backends.torch.loader import load_state_dict, remap, strict_load
-from vectorpress.backends.torch.passes import CpuPasses, PassPlan, plan_passes
+from vectorpress.backends.torch.passes import CPU_PASS_TOKENS, CpuPasses, PassPlan, plan_passes
 from vectorpress.backends.torch.pooling import last_non_pad_rows, pool, splade_pool
 from vectorpress.backends.torch.registry import Architecture, lookup
 from vectorpress.errors import StartupError
@@ -22,7 +28,13 @@ from vectorpress.types import Batch, BatchOutput
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# int8 loads in float32; its linear layers are quantized after loading (`int8.py`).
+_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int8": torch.float32,
+}
 
 
 class ServedModel(nn.Module):
@@ -100,18 +112,28 @@ class TorchBackend:
         self.dtype = dtype or ("float32" if device == "cpu" else arch.gpu_dtype)
         if self.dtype == "float16" and arch.gpu_dtype != "float16":
             log.warning("%s overflows in float16; prefer --dtype bfloat16", spec.model_type)
+        int8 = self.dtype == "int8"
+        if int8:
+            if device != "cpu":
+                raise StartupError("--dtype int8 runs on the CPU only (--device cpu)")
+            int8_ready()
         torch_dtype = _DTYPES[self.dtype]
         model = build_model(spec, arch)
         model.eval().to(device=device, dtype=torch_dtype)
         plan = PassPlan(small_onednn=False, large_onednn=False)
-        if device == "cpu" and onednn_supported(torch_dtype):
+        fuse = getattr(model.encoder, "fuse", None)
+        if int8:
+            if not callable(fuse):
+                raise StartupError(f"{spec.model_type} has no int8 path in vectorpress")
+            fuse(False)  # F.linear until quantized below
+        elif device == "cpu" and onednn_supported(torch_dtype):
             plan = plan_passes(model.encoder, spec.position_offset)
             log.info(
                 "CPU passes, as timed here: short ones on %s with %s, larger ones on %s with %s",
                 *("oneDNN" if plan.small_onednn else "F.linear", _threads(plan.small_threads)),
                 *("oneDNN" if plan.large_onednn else "F.linear", _threads(plan.large_threads)),
             )
-        elif callable(fuse := getattr(model.encoder, "fuse", None)):
+        elif callable(fuse):
             fuse()
         self.model = model
         self.varlen, why = varlen_usable(device, torch_dtype)
@@ -120,7 +142,20 @@ class TorchBackend:
             load_dense(d).eval().to(device=device, dtype=torch.float32) for d in spec.dense
         ]
         self._torch_dtype = torch_dtype
-        self.passes = CpuPasses(plan=plan)
+        self.passes = CpuPasses(INT8_PASS_TOKENS if int8 else CPU_PASS_TOKENS, plan)
+        if int8:
+            self._quantize()
+
+    def _quantize(self) -> None:
+        """Calibrate on the packaged texts through this backend's own passes, then quantize."""
+        batch = calibration_batch(self.spec)
+        worst = quantize_linears(self.model.encoder, lambda: self._encode(batch))
+        log.info(
+            "int8: linear layers quantized; lowest cosine to float32 over %d calibration texts "
+            "(mean of the last hidden states): %.4f",
+            batch.size,
+            worst,
+        )
 
     def _encode(self, batch: Batch) -> tuple[torch.Tensor, PackedSequences]:
         dev = self.device

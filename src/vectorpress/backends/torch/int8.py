@@ -1,0 +1,150 @@
+"""`--dtype int8` on the CPU: every FusedLinear as an 8-bit GEMM on fbgemm.
+
+The recipe, chosen by the accuracy of all-MiniLM-L6-v2 on the benchmark corpus (cosine to
+float32, 200 texts): one scale per token for activations (one per tensor, as fbgemm's dynamic
+linear takes it, gave 0.982 at best: a long text's outliers coarsen every other text of its
+pass, and a vector would depend on its batch-mates), one per output channel for weights, and
+SmoothQuant's per-channel migration of activation outliers into the weights (alpha 0.5,
+calibrated once at start-up on `data/calibration.txt`): minimum 0.9957 with it, 0.9904
+without. Weights keep 7 bits: on AVX2 without VNNI the kernel sums pairs of u8 x s8 products
+in 16 bits with saturation (255 x 127 x 2 overflows; 255 x 63 x 2 does not), and 8-bit
+weights after smoothing lost more to that than they gained (0.988).
+
+fbgemm over oneDNN's int8 linear: level on large passes, 1.5x faster on a short query, and it
+keeps nothing per input shape (oneDNN's primitives do, see `passes.bucket_rows`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer
+from torch import nn
+
+from vectorpress.backends.torch.attention import PackedSequences
+from vectorpress.backends.torch.layers import FusedLinear, fused_linears, observe_linears
+from vectorpress.errors import StartupError
+from vectorpress.model_spec import ModelSpec
+from vectorpress.types import Batch, Encoding
+
+CALIBRATION = Path(__file__).with_name("data") / "calibration.txt"
+ALPHA = 0.5
+WEIGHT_LEVELS = 63
+# Passes of 2,048 tokens: the per-token scaling passes over every activation once more, and at
+# 4,096 tokens those no longer stay in the caches (alone, a 4,096-token pass ran 1.2-1.3x
+# float32's speed and 1,024 tokens 1.4-1.5x; on the corpus 2,048 did best).
+INT8_PASS_TOKENS = 2048
+
+
+def int8_ready() -> None:
+    """Raise unless this torch build runs fbgemm's int8 linear (x86 CPUs)."""
+    engines = torch.backends.quantized.supported_engines
+    if torch.backends.quantized.engine not in ("x86", "fbgemm") or "fbgemm" not in engines:
+        raise StartupError(
+            "--dtype int8 needs PyTorch's fbgemm int8 kernels (x86 CPUs); this build has "
+            f"{', '.join(engines)}"
+        )
+
+
+@dataclass(frozen=True)
+class Int8Weights:
+    """A linear layer's weights in int8 (without bias), and the per-input-channel factor that
+    undoes their smoothing on the activation side."""
+
+    packed: Any  # fbgemm's prepacked weight (a torch script object)
+    unsmooth: torch.Tensor
+    sentinel: torch.Tensor
+
+    @classmethod
+    def of(cls, weight: torch.Tensor, amax: torch.Tensor | None, alpha: float) -> Int8Weights:
+        w = weight.detach().float()
+        if amax is None:
+            smooth = torch.ones(w.shape[1])
+        else:
+            smooth = amax.float().clamp_min(1e-5) ** alpha / (
+                w.abs().amax(0).clamp_min(1e-5) ** (1 - alpha)
+            )
+        w = w * smooth
+        scale = (w.abs().amax(1) / WEIGHT_LEVELS).clamp_min(1e-12)
+        zeros = torch.zeros(w.shape[0], dtype=torch.long)
+        with warnings.catch_warnings():
+            # Quantized tensors are deprecated as a user API; fbgemm's prepack still takes one.
+            warnings.simplefilter("ignore")
+            q = torch.quantize_per_channel(w, scale.double(), zeros, 0, torch.qint8)
+            packed = torch.ops.quantized.linear_prepack(q, None)
+        sentinel = torch.zeros(w.shape[1])
+        sentinel[:2] = torch.tensor([1.0, -1.0])
+        return cls(packed, (1.0 / smooth).contiguous(), sentinel)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """`x @ weight.T`, with each row of `x` quantized on its own scale."""
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        rows = x.shape[0]
+        # A new tensor (x is often the residual too), with one more row that holds +1 and -1:
+        # fbgemm quantizes the whole input on one scale from its min and max, and with every
+        # row scaled into [-1, 1] and that row in, the range is [-1, 1] whatever the batch, so
+        # that a text's vector does not depend on the texts batched with it.
+        t = torch.empty(rows + 1, shape[-1], dtype=torch.float32)
+        torch.mul(x, self.unsmooth, out=t[:rows])
+        t[rows] = self.sentinel
+        scale = torch.maximum(t.amax(1, keepdim=True), t.amin(1, keepdim=True).neg_())
+        scale = scale.clamp_min_(1e-12)
+        y: torch.Tensor = torch.ops.quantized.linear_dynamic(t.div_(scale), self.packed, False)
+        return y[:rows].mul_(scale[:rows]).view(*shape[:-1], y.shape[-1])
+
+
+def calibration_batch(spec: ModelSpec) -> Batch:
+    path = spec.path / "tokenizer.json"
+    if not path.is_file():
+        raise StartupError(f"{spec.path} has no tokenizer.json to calibrate --dtype int8 with")
+    tok = Tokenizer.from_file(str(path))
+    tok.no_padding()
+    tok.enable_truncation(spec.max_input_length)
+    texts = [t for t in CALIBRATION.read_text(encoding="utf-8").splitlines() if t.strip()]
+    return Batch.from_encodings(
+        [
+            Encoding(ids=e.ids, type_ids=e.type_ids, position_offset=spec.position_offset)
+            for e in tok.encode_batch(texts)
+        ]
+    )
+
+
+def quantize_linears(
+    encoder: nn.Module,
+    forward: Callable[[], tuple[torch.Tensor, PackedSequences]],
+    alpha: float = ALPHA,
+) -> float:
+    """Calibrate on `forward` (the calibration batch through the encoder), turn every
+    FusedLinear of `encoder` to int8, and return the lowest cosine between the int8 and the
+    float32 mean of a calibration text's last hidden states."""
+    linears = fused_linears(encoder)
+    if not linears:
+        raise StartupError(f"{type(encoder).__name__} has no int8 path (no fused linears)")
+    amax: dict[int, torch.Tensor] = {}
+
+    def record(linear: FusedLinear, x: torch.Tensor) -> None:
+        seen = x.detach().reshape(-1, x.shape[-1]).abs().amax(0).float()
+        before = amax.get(id(linear))
+        amax[id(linear)] = seen if before is None else torch.maximum(before, seen)
+
+    with torch.inference_mode():
+        with observe_linears(record):
+            reference, seqs = forward()
+        for linear in linears:
+            linear.int8 = Int8Weights.of(linear.weight, amax.get(id(linear)), alpha)
+        quantized, _ = forward()
+    return _min_cosine(reference.float(), quantized.float(), seqs)
+
+
+def _min_cosine(a: torch.Tensor, b: torch.Tensor, seqs: PackedSequences) -> float:
+    cos = [
+        float(torch.cosine_similarity(a[s : s + n].mean(0), b[s : s + n].mean(0), dim=0))
+        for s, n in zip(seqs.starts, seqs.lengths, strict=True)
+    ]
+    return min(cos)

@@ -1,0 +1,101 @@
+"""--dtype int8: within cosine 0.99 of float32 on every benchmark corpus text, a text's vector
+independent of its batch-mates, over HTTP, and refused where it cannot run (every native
+architecture: tests/models/test_fused.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from bench.corpus import corpus
+
+from tests.helpers.reference import assert_close_vectors, st_encode
+from tests.helpers.server import LiveServer
+from vectorpress.backends.select import select_backend
+from vectorpress.backends.torch.backend import TorchBackend
+from vectorpress.backends.torch.layers import fused_linears
+from vectorpress.errors import StartupError
+from vectorpress.model_spec import load_model_spec
+from vectorpress.settings import Settings
+from vectorpress.types import Batch, Encoding
+
+
+def _batches(folder: Path, texts: list[str], size: int) -> list[Batch]:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.no_padding()
+    tok.enable_truncation(256)
+    encodings = [Encoding(ids=e.ids, type_ids=e.type_ids) for e in tok.encode_batch(texts)]
+    return [Batch.from_encodings(encodings[i : i + size]) for i in range(0, len(texts), size)]
+
+
+def _embed(backend: TorchBackend, batches: list[Batch]) -> np.ndarray:
+    out = [backend.embed(batch).pooled for batch in batches]
+    assert all(o is not None for o in out)
+    return np.concatenate(out)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def int8_minilm(minilm: Path) -> TorchBackend:
+    return TorchBackend(load_model_spec(minilm, Settings(model_id=str(minilm))), "cpu", "int8")
+
+
+@pytest.mark.slow
+def test_int8_within_099_of_float32_on_every_corpus_text(
+    minilm: Path, int8_minilm: TorchBackend
+) -> None:
+    # The whole default benchmark corpus (1,200 texts: short, medium, long and truncated).
+    batches = _batches(minilm, corpus(1200, seed=0), 64)
+    fp32 = TorchBackend(load_model_spec(minilm, Settings(model_id=str(minilm))), "cpu", "float32")
+    want = _embed(fp32, batches)
+    got = _embed(int8_minilm, batches)
+    linears = fused_linears(int8_minilm.model.encoder)
+    assert len(linears) == 24 and all(lin.int8 is not None for lin in linears)
+    assert not np.allclose(got, want, atol=1e-4), "not int8 at all"
+    assert_close_vectors(got, want, min_cos=0.99, what="int8 vs fp32")
+
+
+def test_an_int8_vector_does_not_depend_on_its_batch_mates(
+    minilm: Path, int8_minilm: TorchBackend
+) -> None:
+    texts = corpus(48, seed=3)
+    together = _embed(int8_minilm, _batches(minilm, texts, 48))
+    alone = _embed(int8_minilm, _batches(minilm, texts, 1))
+    # Exactly: each row is quantized on its own scale and the int8 GEMM sums exactly.
+    np.testing.assert_array_equal(alone, together)
+
+
+def test_int8_over_http_is_close_to_sentence_transformers(minilm: Path) -> None:
+    texts = ["what is the capital of Australia", *corpus(6, seed=9)]
+    want = st_encode(minilm, texts)
+    with LiveServer(Settings(model_id=str(minilm), dtype="int8")) as server:
+        info = httpx.get(f"{server.url}/info").json()
+        got = httpx.post(f"{server.url}/embed", json={"inputs": texts}, timeout=30).json()
+    assert info["model_dtype"] == "int8"
+    assert_close_vectors(got, want, min_cos=0.99, what="int8 server vs sentence-transformers")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"device": "cuda"}, "CPU only"),
+        ({"backend": "hf"}, "torch backend only"),
+        ({"backend": "onnx"}, "--dtype int8"),
+    ],
+)
+def test_int8_is_refused_where_it_cannot_run(
+    tiny_bert_family: Callable[..., Path], options: dict[str, str], message: str
+) -> None:
+    folder = tiny_bert_family()
+    settings = Settings(model_id=str(folder), dtype="int8", **options)  # type: ignore[arg-type]
+    spec = load_model_spec(folder, settings)
+    if options.get("device") == "cuda":
+        with pytest.raises(StartupError, match=message):
+            TorchBackend(spec, "cuda", "int8")
+        return
+    with pytest.raises(StartupError, match=message):
+        select_backend(spec, settings)

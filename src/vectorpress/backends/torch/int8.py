@@ -51,25 +51,29 @@ def int8_ready() -> None:
         )
 
 
+def smoothing(weight: torch.Tensor, amax: torch.Tensor | None, alpha: float) -> torch.Tensor:
+    """SmoothQuant's factor per input channel: the weights are multiplied by it and the
+    activations divided, so that channels with outliers lose their range to the weights."""
+    if amax is None:  # never met in calibration
+        return torch.ones(weight.shape[1])
+    w = weight.detach().float()
+    return amax.float().clamp_min(1e-5) ** alpha / (w.abs().amax(0).clamp_min(1e-5) ** (1 - alpha))
+
+
 @dataclass(frozen=True)
 class Int8Weights:
-    """A linear layer's weights in int8 (without bias), and the per-input-channel factor that
-    undoes their smoothing on the activation side."""
+    """A linear layer's weights in int8 (without bias), the per-input-channel factor that
+    undoes their smoothing on the activation side, and the fixed range its inputs' rows are
+    scaled into: [-low, 1]."""
 
     packed: Any  # fbgemm's prepacked weight (a torch script object)
     unsmooth: torch.Tensor
+    low: float
     sentinel: torch.Tensor
 
     @classmethod
-    def of(cls, weight: torch.Tensor, amax: torch.Tensor | None, alpha: float) -> Int8Weights:
-        w = weight.detach().float()
-        if amax is None:
-            smooth = torch.ones(w.shape[1])
-        else:
-            smooth = amax.float().clamp_min(1e-5) ** alpha / (
-                w.abs().amax(0).clamp_min(1e-5) ** (1 - alpha)
-            )
-        w = w * smooth
+    def of(cls, weight: torch.Tensor, smooth: torch.Tensor, low: float = 1.0) -> Int8Weights:
+        w = weight.detach().float() * smooth
         scale = (w.abs().amax(1) / WEIGHT_LEVELS).clamp_min(1e-12)
         zeros = torch.zeros(w.shape[0], dtype=torch.long)
         with warnings.catch_warnings():
@@ -77,26 +81,37 @@ class Int8Weights:
             warnings.simplefilter("ignore")
             q = torch.quantize_per_channel(w, scale.double(), zeros, 0, torch.qint8)
             packed = torch.ops.quantized.linear_prepack(q, None)
+        low = min(max(low, 1 / 64), 1.0)
         sentinel = torch.zeros(w.shape[1])
-        sentinel[:2] = torch.tensor([1.0, -1.0])
-        return cls(packed, (1.0 / smooth).contiguous(), sentinel)
+        # Below -low by more than rounding: a row scaled to -low can land an ulp under it.
+        sentinel[:2] = torch.tensor([1.0, -low * (1 + 1e-5)])
+        return cls(packed, (1.0 / smooth).contiguous(), low, sentinel)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """`x @ weight.T`, with each row of `x` quantized on its own scale."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         rows = x.shape[0]
-        # A new tensor (x is often the residual too), with one more row that holds +1 and -1:
-        # fbgemm quantizes the whole input on one scale from its min and max, and with every
-        # row scaled into [-1, 1] and that row in, the range is [-1, 1] whatever the batch, so
-        # that a text's vector does not depend on the texts batched with it.
+        # fbgemm quantizes its whole input on one scale, from its min and max. Every row is
+        # scaled into [-low, 1] (a row that goes lower than its layer met in calibration gets
+        # a coarser scale, not clipped), and one more row holds 1 and -low: the range is the
+        # same whatever the batch, so that a text's vector does not depend on its batch-mates.
+        # `low` (calibrated) < 1 gives one-sided inputs, as after GELU, a finer scale: on
+        # all-MiniLM-L6-v2 the FFN outputs' inputs have low 0.77-0.97, and the lowest cosine
+        # to float32 on the corpus rose from 0.9919 with [-1, 1] to 0.9927.
         t = torch.empty(rows + 1, shape[-1], dtype=torch.float32)
-        torch.mul(x, self.unsmooth, out=t[:rows])
-        t[rows] = self.sentinel
-        scale = torch.maximum(t.amax(1, keepdim=True), t.amin(1, keepdim=True).neg_())
+        body = t[:rows]
+        torch.mul(x, self.unsmooth, out=body)  # a new tensor: x is often the residual too
+        scale = body.amax(1, keepdim=True)
+        if self.low < 1.0:
+            torch.maximum(scale, body.amin(1, keepdim=True).div_(-self.low), out=scale)
+        else:
+            torch.maximum(scale, body.amin(1, keepdim=True).neg_(), out=scale)
         scale = scale.clamp_min_(1e-12)
-        y: torch.Tensor = torch.ops.quantized.linear_dynamic(t.div_(scale), self.packed, False)
-        return y[:rows].mul_(scale[:rows]).view(*shape[:-1], y.shape[-1])
+        body.div_(scale)
+        t[rows] = self.sentinel
+        y: torch.Tensor = torch.ops.quantized.linear_dynamic(t, self.packed, False)
+        return y[:rows].mul_(scale).view(*shape[:-1], y.shape[-1])
 
 
 def calibration_batch(spec: ModelSpec) -> Batch:
@@ -127,17 +142,30 @@ def quantize_linears(
     if not linears:
         raise StartupError(f"{type(encoder).__name__} has no int8 path (no fused linears)")
     amax: dict[int, torch.Tensor] = {}
+    smooth: dict[int, torch.Tensor] = {}
+    low: dict[int, float] = {}
 
-    def record(linear: FusedLinear, x: torch.Tensor) -> None:
+    def record_amax(linear: FusedLinear, x: torch.Tensor) -> None:
         seen = x.detach().reshape(-1, x.shape[-1]).abs().amax(0).float()
         before = amax.get(id(linear))
         amax[id(linear)] = seen if before is None else torch.maximum(before, seen)
 
+    def record_low(linear: FusedLinear, x: torch.Tensor) -> None:
+        t = x.detach().reshape(-1, x.shape[-1]).float() / smooth[id(linear)]
+        ratio = -t.amin(1) / t.amax(1).clamp_min(1e-12)
+        low[id(linear)] = max(low.get(id(linear), 0.0), float(ratio.max()))
+
     with torch.inference_mode():
-        with observe_linears(record):
+        with observe_linears(record_amax):
             reference, seqs = forward()
         for linear in linears:
-            linear.int8 = Int8Weights.of(linear.weight, amax.get(id(linear)), alpha)
+            smooth[id(linear)] = smoothing(linear.weight, amax.get(id(linear)), alpha)
+        with observe_linears(record_low):
+            forward()
+        for linear in linears:
+            linear.int8 = Int8Weights.of(
+                linear.weight, smooth[id(linear)], low.get(id(linear), 1.0)
+            )
         quantized, _ = forward()
     return _min_cosine(reference.float(), quantized.float(), seqs)
 

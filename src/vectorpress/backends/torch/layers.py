@@ -44,7 +44,7 @@ _ACTIVATIONS: dict[str, Activation] = {
 }
 
 
-# In-place forms, for outputs no one else holds (a GEMM's fresh result): a 2,048 x 1,536 GELU
+# In-place forms, for outputs no one else holds (a GEMM's fresh result): a 4,096 x 1,536 GELU
 # ran 1.4x faster in place (no new buffer to fault in).
 _IN_PLACE: dict[str, Activation] = {
     "gelu": lambda x: torch.ops.aten.gelu_(x),

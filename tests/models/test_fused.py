@@ -91,6 +91,10 @@ def test_int8_serves_every_native_architecture(tiny: Callable[..., Path], arch: 
     backend = TorchBackend(spec, "cpu", "int8")
     linears = fused_linears(backend.model.encoder)
     assert linears and all(lin.int8 is not None for lin in linears), f"{arch}: not quantized"
+    # The float32 copies int8 no longer reads are freed, and nothing needed them.
+    plain = [m for m in backend.model.encoder.modules() if isinstance(m, nn.Linear)]
+    assert all(lin.weight.numel() == 0 for lin in linears), f"{arch}: float weights kept"
+    assert all(m.weight.numel() == 0 for m in plain), f"{arch}: nn.Linear weights kept"
     got = _embed(backend, folder, texts)
     assert not np.allclose(got, want, atol=1e-6), f"{arch}: not int8 at all"
     assert_close_vectors(got, want, min_cos=0.99, what=f"{arch} int8 vs fp32")

@@ -163,8 +163,27 @@ def quantize_linears(
             linear.int8 = Int8Weights.of(
                 linear.weight, smooth[id(linear)], low.get(id(linear), 1.0)
             )
-        quantized, _ = forward()
+        ran: set[int] = set()
+        plain = [m for m in encoder.modules() if isinstance(m, nn.Linear)]
+        hooks = [m.register_forward_hook(lambda m, *_: ran.add(id(m))) for m in plain]
+        try:
+            quantized, _ = forward()
+        finally:
+            for hook in hooks:
+                hook.remove()
+    _release_float_weights(linears, [m for m in plain if id(m) not in ran])
     return _min_cosine(reference.float(), quantized.float(), seqs)
+
+
+def _release_float_weights(quantized: list[FusedLinear], unused: list[nn.Linear]) -> None:
+    """Free the float32 weights that int8 no longer reads: the quantized layers' own (merged
+    copies, or views of the state dict's) and those of the nn.Linear modules the fused forward
+    never called. Their biases stay: the int8 path adds them. On all-MiniLM-L6-v2 that is about
+    53 MB of the 90 MB of weights."""
+    for linear in quantized:
+        linear.release_float()
+    for module in unused:
+        module.weight = nn.Parameter(module.weight.new_empty(0), requires_grad=False)
 
 
 def _min_cosine(a: torch.Tensor, b: torch.Tensor, seqs: PackedSequences) -> float:

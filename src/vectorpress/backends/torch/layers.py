@@ -201,6 +201,12 @@ class FusedLinear:
         if not torch.allclose(got, want, rtol=tol, atol=tol * (1 + float(want.abs().max()))):
             self.packed = None
 
+    def release_float(self) -> None:
+        """Drop the float weights once `int8` holds the layer (nothing else reads them)."""
+        assert self.int8 is not None
+        self.weight = self.weight.new_empty(0)
+        self.packed = None
+
     def _fallback(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight, self.bias)
         return self.act_(y) if self.act_ is not None else y

@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.helpers.batches import pooled, tokenized_batches
 from tests.helpers.reference import assert_close_vectors
 from tests.helpers.texts import mixed_texts
 from tests.models.test_zoo import DECODERS
@@ -20,21 +21,12 @@ from vectorpress.backends.torch.backend import TorchBackend
 from vectorpress.backends.torch.layers import fused_linears, onednn_supported
 from vectorpress.model_spec import load_model_spec
 from vectorpress.settings import Settings
-from vectorpress.types import Batch, Encoding
 
 ARCHS = ("distilbert", "mpnet", "modernbert", "qwen2", "qwen3", "mistral", "llama", "gemma3_text")
 
 
 def _embed(backend: TorchBackend, folder: Path, texts: list[str]) -> np.ndarray:
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tok.no_padding()
-    tok.enable_truncation(128)
-    encodings = [Encoding(ids=e.ids, type_ids=e.type_ids) for e in tok.encode_batch(texts)]
-    out = backend.embed(Batch.from_encodings(encodings))
-    assert out.pooled is not None
-    return out.pooled
+    return pooled(backend, tokenized_batches(folder, texts, max_length=128))
 
 
 @pytest.mark.parametrize("arch", ARCHS)

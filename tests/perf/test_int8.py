@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from bench.corpus import corpus
 
+from tests.helpers.batches import pooled, tokenized_batches
 from tests.helpers.reference import assert_close_vectors, st_encode
 from tests.helpers.server import LiveServer
 from vectorpress.backends.select import select_backend
@@ -20,23 +21,6 @@ from vectorpress.backends.torch.layers import fused_linears
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import load_model_spec
 from vectorpress.settings import Settings
-from vectorpress.types import Batch, Encoding
-
-
-def _batches(folder: Path, texts: list[str], size: int) -> list[Batch]:
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tok.no_padding()
-    tok.enable_truncation(256)
-    encodings = [Encoding(ids=e.ids, type_ids=e.type_ids) for e in tok.encode_batch(texts)]
-    return [Batch.from_encodings(encodings[i : i + size]) for i in range(0, len(texts), size)]
-
-
-def _embed(backend: TorchBackend, batches: list[Batch]) -> np.ndarray:
-    out = [backend.embed(batch).pooled for batch in batches]
-    assert all(o is not None for o in out)
-    return np.concatenate(out)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +33,10 @@ def test_int8_within_099_of_float32_on_every_corpus_text(
     minilm: Path, int8_minilm: TorchBackend
 ) -> None:
     # The whole default benchmark corpus (1,200 texts: short, medium, long and truncated).
-    batches = _batches(minilm, corpus(1200, seed=0), 64)
+    batches = tokenized_batches(minilm, corpus(1200, seed=0), 64)
     fp32 = TorchBackend(load_model_spec(minilm, Settings(model_id=str(minilm))), "cpu", "float32")
-    want = _embed(fp32, batches)
-    got = _embed(int8_minilm, batches)
+    want = pooled(fp32, batches)
+    got = pooled(int8_minilm, batches)
     linears = fused_linears(int8_minilm.model.encoder)
     assert len(linears) == 24 and all(lin.int8 is not None for lin in linears)
     assert not np.allclose(got, want, atol=1e-4), "not int8 at all"
@@ -63,8 +47,8 @@ def test_an_int8_vector_does_not_depend_on_its_batch_mates(
     minilm: Path, int8_minilm: TorchBackend
 ) -> None:
     texts = corpus(48, seed=3)
-    together = _embed(int8_minilm, _batches(minilm, texts, 48))
-    alone = _embed(int8_minilm, _batches(minilm, texts, 1))
+    together = pooled(int8_minilm, tokenized_batches(minilm, texts, 48))
+    alone = pooled(int8_minilm, tokenized_batches(minilm, texts, 1))
     # Exactly: each row is quantized on its own scale and the int8 GEMM sums exactly.
     np.testing.assert_array_equal(alone, together)
 

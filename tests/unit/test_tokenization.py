@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from vectorpress.core.tokenization import TokenizerPool
+from vectorpress.core.tokenization import INLINE_CHARS, TokenizerPool
 from vectorpress.errors import EmptyError, TokenLimitError, ValidationError
 from vectorpress.types import Truncation
 
@@ -73,3 +75,22 @@ def test_tokenize_reports_byte_offsets(pool: TokenizerPool) -> None:
     assert tokens[0].special and tokens[0].start is None
     words = [t for t in tokens if not t.special]
     assert words[-1].text == "world" and (words[-1].start, words[-1].stop) == (7, 12)
+
+
+def test_small_requests_are_tokenized_inline_and_large_ones_on_the_pool(
+    pool: TokenizerPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    on_loop: list[bool] = []
+    real = pool._encode_singles
+
+    def watched(*args: Any) -> Any:
+        on_loop.append(threading.current_thread() is threading.main_thread())
+        return real(*args)
+
+    monkeypatch.setattr(pool, "_encode_singles", watched)
+    text = "seven " * (INLINE_CHARS // 6)
+    alone = encode(pool, [text], truncate=True)
+    twice = encode(pool, [text, text], truncate=True)
+    # asyncio.run drives the loop on this (the main) thread.
+    assert on_loop == [True, False]
+    assert alone[0] == twice[0] == twice[1]

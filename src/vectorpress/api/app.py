@@ -7,13 +7,37 @@ from starlette.middleware.cors import CORSMiddleware
 
 from vectorpress import __version__
 from vectorpress.api import openapi
+from vectorpress.api.direct import DirectRoute, DirectRoutes
 from vectorpress.api.disconnect import DisconnectMiddleware
 from vectorpress.api.errors import install_error_handlers
 from vectorpress.api.guards import GuardMiddleware
 from vectorpress.api.metrics_route import router as metrics_router
+from vectorpress.api.native import schemas
+from vectorpress.api.native.classify import run_predict, run_rerank
+from vectorpress.api.native.dispatch import default_route
+from vectorpress.api.native.embed import run_embed, run_embed_all, run_embed_sparse, run_similarity
 from vectorpress.api.native.routes import health_router, router
 from vectorpress.api.openai.routes import router as openai_router
+from vectorpress.api.openai.routes import run_embeddings
+from vectorpress.api.openai.schemas import EmbeddingsRequest
 from vectorpress.api.state import AppState
+
+
+def direct_routes(state: AppState) -> list[DirectRoute]:
+    """The inference routes whose valid bodies skip FastAPI (see api/direct.py)."""
+    default = default_route(state)
+    return [
+        DirectRoute("/embed", schemas.EmbedRequest, run_embed),
+        DirectRoute("/embed_all", schemas.EmbedAllRequest, run_embed_all),
+        DirectRoute("/embed_sparse", schemas.EmbedSparseRequest, run_embed_sparse),
+        DirectRoute("/similarity", schemas.SimilarityRequest, run_similarity),
+        DirectRoute("/predict", schemas.PredictRequest, run_predict),
+        DirectRoute("/rerank", schemas.RerankRequest, run_rerank),
+        DirectRoute("/", *default),
+        DirectRoute("/invocations", *default),
+        DirectRoute("/v1/embeddings", EmbeddingsRequest, run_embeddings),
+        DirectRoute("/embeddings", EmbeddingsRequest, run_embeddings),
+    ]
 
 
 def create_app(state: AppState) -> FastAPI:
@@ -35,6 +59,7 @@ def create_app(state: AppState) -> FastAPI:
     settings = state.settings
     openapi.install(app, protected=settings.api_key is not None)
     # Middleware added last runs first: CORS answers preflights before the key is checked.
+    app.add_middleware(DirectRoutes, state=state, routes=direct_routes(state))
     app.add_middleware(DisconnectMiddleware)
     app.add_middleware(
         GuardMiddleware, payload_limit=settings.payload_limit, api_key=settings.api_key

@@ -35,6 +35,16 @@ def error_response(
     )
 
 
+def vectorpress_error_response(path: str, exc: VectorpressError) -> Response:
+    headers = {"Retry-After": "1"} if exc.http_status == 429 else None
+    return error_response(path, exc.message, exc.error_type, exc.http_status, headers)
+
+
+def internal_error_response(path: str) -> Response:
+    """A bug's answer: never plain text, never a traceback (the log has the details)."""
+    return error_response(path, "internal error", "Backend", 500)
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
     errors = exc.errors()
     for err in errors:
@@ -52,16 +62,12 @@ def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(VectorpressError)
     async def _vectorpress(request: Request, exc: VectorpressError) -> Response:
-        headers = {"Retry-After": "1"} if exc.http_status == 429 else None
-        return error_response(
-            request.url.path, exc.message, exc.error_type, exc.http_status, headers
-        )
+        return vectorpress_error_response(request.url.path, exc)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
-        # A bug must not answer in plain text or leak a traceback; the log has the details.
         log.exception("unexpected error on %s", request.url.path)
-        return error_response(request.url.path, "internal error", "Backend", 500)
+        return internal_error_response(request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:

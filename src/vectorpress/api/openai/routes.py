@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import logging
+from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -13,7 +14,8 @@ from vectorpress.api.headers import timing_headers
 from vectorpress.api.native.common import json_response
 from vectorpress.api.native.schemas import as_batch
 from vectorpress.api.openai.schemas import EmbeddingsRequest
-from vectorpress.api.state import get_state
+from vectorpress.api.state import AppState, get_state
+from vectorpress.core.infer import Result
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +27,7 @@ def _b64(vector: np.ndarray) -> str:
     return base64.b64encode(vector.astype("<f4", copy=False).tobytes()).decode("ascii")
 
 
-async def embeddings(body: EmbeddingsRequest, request: Request) -> Response:
-    state = get_state(request)
+async def run_embeddings(state: AppState, body: EmbeddingsRequest) -> tuple[Any, Result[Any]]:
     name = state.settings.model_name
     if body.model is not None and body.model != name:
         log.warning("request asks for model %r; serving %r", body.model, name)
@@ -43,6 +44,11 @@ async def embeddings(body: EmbeddingsRequest, request: Request) -> Response:
         "model": name,
         "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens},
     }
+    return payload, result
+
+
+async def embeddings(body: EmbeddingsRequest, request: Request) -> Response:
+    payload, result = await run_embeddings(get_state(request), body)
     return json_response(payload, timing_headers(result))
 
 

@@ -2,14 +2,15 @@
 
 Starlette lets a handler run to the end after the client has gone; for an embedding server that
 means forward passes computed for nobody while live callers wait. Once the body has been read,
-this middleware listens for `http.disconnect` and cancels the handler task; the cancellation
-reaches the entries' futures, and the batching queue drops them before the forward pass.
+one task listens for `http.disconnect` and cancels the request's own task while no response has
+started; the cancellation reaches the entries' futures, and the batching queue drops them before
+the forward pass. The handler runs in the request's task rather than a task of its own: a second
+task per request, and waiting for it, cost a tenth of a millisecond.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -19,49 +20,66 @@ class DisconnectMiddleware:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST":
+        task = asyncio.current_task()
+        if scope["type"] != "http" or scope["method"] != "POST" or task is None:
             await self.app(scope, receive, send)
             return
-        body_done = asyncio.Event()
-        disconnected: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
-        response_started = False
-
-        async def wrapped_receive() -> Message:
-            if body_done.is_set():
-                return await asyncio.shield(disconnected)
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                if not disconnected.done():
-                    disconnected.set_result(message)
-                body_done.set()
-            elif not message.get("more_body", False):
-                body_done.set()
-            return message
-
-        async def wrapped_send(message: Message) -> None:
-            nonlocal response_started
-            if message["type"] == "http.response.start":
-                response_started = True
-            await send(message)
-
-        handler = asyncio.ensure_future(self.app(scope, wrapped_receive, wrapped_send))
-
-        async def watch() -> None:
-            await body_done.wait()
-            if not disconnected.done():
-                message = await receive()
-                if message["type"] == "http.disconnect" and not disconnected.done():
-                    disconnected.set_result(message)
-            if not response_started and not handler.done():
-                handler.cancel()
-
-        watcher = asyncio.ensure_future(watch())
+        listener = _Listener(receive, send, task)
         try:
-            await handler
+            await self.app(scope, listener.receive, listener.send)
         except asyncio.CancelledError:
-            if not disconnected.done():
+            if not listener.cancelled:
                 raise  # cancelled from outside (shutdown), not by a disconnect
+            uncancel = getattr(task, "uncancel", None)  # Python 3.11+ counts cancellations
+            if uncancel is not None:
+                uncancel()
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            listener.close()
+
+
+class _Listener:
+    """The request's receive and send, watched for a disconnect once the body is in."""
+
+    def __init__(self, receive: Receive, send: Send, task: asyncio.Task[object]) -> None:
+        self._receive = receive
+        self._send = send
+        self._task = task
+        self._disconnected: asyncio.Future[Message] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._started = False
+        self.cancelled = False
+        """Whether the request's task was cancelled here, for a disconnect."""
+
+    async def receive(self) -> Message:
+        if self._disconnected is not None:
+            # After the body, the app listening for the client shares the watcher's answer.
+            return await asyncio.shield(self._disconnected)
+        message = await self._receive()
+        if message["type"] == "http.disconnect":
+            self._disconnected = asyncio.get_running_loop().create_future()
+            self._disconnected.set_result(message)
+        elif not message.get("more_body", False):
+            loop = asyncio.get_running_loop()
+            self._disconnected = loop.create_future()
+            self._watcher = loop.create_task(self._watch(self._disconnected))
+        return message
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self._started = True
+        await self._send(message)
+
+    async def _watch(self, disconnected: asyncio.Future[Message]) -> None:
+        message = await self._receive()
+        if message["type"] != "http.disconnect":
+            return
+        if not disconnected.done():
+            disconnected.set_result(message)
+        if not self._started and not self._task.done():
+            self.cancelled = True
+            self._task.cancel()
+
+    def close(self) -> None:
+        # Not awaited: a cancelled watcher only has to stop listening, nobody waits for it.
+        if self._watcher is not None and not self._watcher.done():
+            self._watcher.cancel()

@@ -146,8 +146,6 @@ class BackendWorker:
             return
         self.last_batch_ok = True
         elapsed = time.perf_counter() - started
-        if self.on_batch is not None:
-            self.on_batch(batch, elapsed, True)
         values: list[Any] = [None] * len(entries)
         if output.pooled is not None:
             for row, index in enumerate(batch.pooled_indices):
@@ -158,6 +156,9 @@ class BackendWorker:
             entry.queue_time = started - entry.queued_at
             entry.inference_time = elapsed
         _resolve(entries, values, None)
+        # After the hand-off: the event loop's thread takes a while to wake, time enough for this.
+        if self.on_batch is not None:
+            self.on_batch(batch, elapsed, True)
 
     def _forward(self, batch: Batch) -> BatchOutput:
         try:

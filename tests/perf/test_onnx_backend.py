@@ -1,9 +1,11 @@
-"""--backend onnx over HTTP: the int8 and fp32 graphs of MiniLM against the torch fp32 path."""
+"""--backend onnx over HTTP: MiniLM's int8 graph and its graph exported at start-up against the
+torch fp32 path; exported classification heads against the torch backend."""
 
 from __future__ import annotations
 
 import importlib.util
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +18,12 @@ from tests.helpers.reference import assert_close_vectors, vp_embed
 from tests.helpers.server import LiveServer
 from tests.helpers.texts import mixed_texts
 from vectorpress.backends.onnx import backend as onnx_backend
+from vectorpress.backends.onnx import export
 from vectorpress.backends.onnx.backend import OnnxBackend, buckets
-from vectorpress.backends.onnx.export import export_encoder, servable_folder
+from vectorpress.backends.onnx.export import cached_graph, fingerprint, servable_folder
 from vectorpress.backends.torch.pooling import pool
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import load_model_spec
-from vectorpress.server import load
 from vectorpress.settings import Settings
 from vectorpress.types import Batch, Encoding
 
@@ -36,8 +38,8 @@ def torch_vectors(minilm: Path, texts: list[str]) -> list[np.ndarray]:
     return vp_embed(minilm, texts, backend="torch", dtype="float32")
 
 
-def _served_vectors(folder: Path, texts: list[str]) -> list[list[float]]:
-    with LiveServer(Settings(model_id=str(folder), backend="onnx")) as srv:
+def _served_vectors(folder: Path, texts: list[str], **settings: Any) -> list[list[float]]:
+    with LiveServer(Settings(model_id=str(folder), backend="onnx", **settings)) as srv:
         info = httpx.get(f"{srv.url}/info", timeout=30).json()
         assert info["model_dtype"] == "float32"
         out: list[list[float]] = []
@@ -67,13 +69,68 @@ def test_int8_graph_over_http(
     assert_close_vectors(got, torch_vectors, min_cos=0.99, what="int8 onnx vs torch fp32")
 
 
-def test_fp32_graph_over_http(
+def test_a_checkpoint_without_a_graph_is_exported_once_and_served_at_fp32(
     minilm: Path, tmp_path: Path, texts: list[str], torch_vectors: list[np.ndarray]
 ) -> None:
-    graph = export_encoder(minilm, tmp_path / "graph" / "model.onnx")
-    folder = servable_folder(minilm, graph, tmp_path / "fp32")
-    got = _served_vectors(folder, texts)
+    cache = tmp_path / "hub"
+    got = _served_vectors(minilm, texts, huggingface_hub_cache=str(cache))
     assert_close_vectors(got, torch_vectors, min_cos=0.99999, what="fp32 onnx vs torch fp32")
+    graphs = list((cache / "vectorpress-onnx").iterdir())
+    assert [g.name for g in graphs] == [fingerprint(minilm, "embedding")]
+    assert (graphs[0] / "model.onnx").is_file()
+
+
+def test_the_exported_graph_is_reused_and_a_failed_export_leaves_nothing(
+    tiny_bert_family: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tiny_bert_family("bert", "embedding", "mean")
+    cache = tmp_path / "graphs"
+    first = cached_graph(folder, "embedding", cache)
+
+    def no_export(*args: Any, **kwargs: Any) -> Path:
+        raise AssertionError("exported again")
+
+    monkeypatch.setattr(export, "export_encoder", no_export)
+    assert cached_graph(folder, "embedding", cache) == first
+    # Another head, or changed weights, is another graph.
+    with pytest.raises(StartupError, match="cannot export"):
+        cached_graph(folder, "classifier", cache)
+    assert [p.name for p in cache.iterdir()] == [first.parent.name]
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "bert"}')
+    monkeypatch.undo()
+    with pytest.raises(StartupError, match="cannot export"):
+        cached_graph(broken, "embedding", cache)
+    assert [p.name for p in cache.iterdir()] == [first.parent.name]
+
+
+@pytest.mark.parametrize("task", ["classifier", "reranker"])
+def test_exported_classification_heads_score_as_the_torch_backend(
+    tiny_bert_family: Callable[..., Path], tmp_path: Path, task: str
+) -> None:
+    folder = tiny_bert_family("bert", task)
+    inputs = [["a short question", "its answer here"], ["another", "pair of texts"]]
+    if task == "classifier":
+        body: dict[str, Any] = {"inputs": inputs, "raw_scores": True}
+        route = "/predict"
+    else:
+        body = {"query": "a short question", "texts": ["its answer", "unrelated"]}
+        route = "/rerank"
+    scores = []
+    for backend in ("torch", "onnx"):
+        settings = Settings(
+            model_id=str(folder), backend=backend, huggingface_hub_cache=str(tmp_path)
+        )
+        with LiveServer(settings) as srv:
+            r = httpx.post(f"{srv.url}{route}", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            scores.append(r.json())
+    torch_scores, onnx_scores = scores
+    assert len(torch_scores) == len(onnx_scores) and torch_scores
+    rows = [one if task == "classifier" else [one] for one in scores]
+    flat = [np.array([x["score"] for row in one for x in row]) for one in rows]
+    np.testing.assert_allclose(flat[1], flat[0], rtol=1e-4, atol=1e-5)
 
 
 def test_pooling_runs_on_one_torch_thread(
@@ -96,11 +153,6 @@ def test_pooling_runs_on_one_torch_thread(
     assert out.pooled is not None and out.pooled.shape == (2, 384)
     assert seen == [1]
     assert torch.get_num_threads() == 2
-
-
-def test_a_folder_without_a_graph_is_refused(minilm: Path) -> None:
-    with pytest.raises(StartupError, match=r"model\.onnx"):
-        load(Settings(model_id=str(minilm), backend="onnx"))
 
 
 def test_buckets_cover_every_input_once_and_beat_one_padded_batch() -> None:

@@ -1,4 +1,7 @@
-"""OnnxBackend: models that ship an ONNX graph, run by ONNX Runtime on length-bucketed batches.
+"""OnnxBackend: a model's ONNX graph, run by ONNX Runtime on length-bucketed batches.
+
+The graph is the checkpoint's own `model.onnx`, or one exported from its weights on the first
+start and cached (`export.cached_graph`).
 
 The graph takes padded `(batch, length)` inputs. Padding a whole batch to its longest input
 wastes most of the work on mixed lengths (a batch of 32 in arrival order carries about 2.5x
@@ -34,12 +37,27 @@ ONNX_FILES = ("model.onnx", "onnx/model.onnx")
 CALL_COST_TOKENS = 64
 
 
-def find_onnx_file(folder: Path) -> Path:
-    for name in ONNX_FILES:
-        path = folder / name
-        if path.is_file():
-            return path
-    raise StartupError(f"--backend onnx needs {' or '.join(ONNX_FILES)} in {folder}")
+def find_onnx_file(folder: Path) -> Path | None:
+    return next((folder / n for n in ONNX_FILES if (folder / n).is_file()), None)
+
+
+def graph_cache(settings: Settings) -> Path:
+    """Where graphs exported at start-up are kept: beside the downloads, so a cache volume that
+    keeps the weights between restarts keeps the graph too."""
+    from huggingface_hub import constants
+
+    return Path(settings.huggingface_hub_cache or constants.HF_HUB_CACHE) / "vectorpress-onnx"
+
+
+def onnx_graph(spec: ModelSpec, settings: Settings) -> Path:
+    """The checkpoint's own graph, or one exported from its weights (once, then cached)."""
+    shipped = find_onnx_file(spec.path)
+    if shipped is not None:
+        return shipped
+    from vectorpress.backends.onnx.export import cached_graph
+
+    kind = "embedding" if spec.kind == "embedding" else "classifier"
+    return cached_graph(spec.path, kind, graph_cache(settings))
 
 
 def buckets(lengths: list[int], call_cost: int = CALL_COST_TOKENS) -> list[list[int]]:
@@ -103,7 +121,7 @@ class OnnxBackend:
                 "cannot apply (quantize the graph instead)"
             )
         self.spec = spec
-        self.path = find_onnx_file(spec.path)
+        self.path = onnx_graph(spec, settings)
         self.dtype = "float32"
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

@@ -1,4 +1,7 @@
-"""Export a checkpoint's encoder to an ONNX graph that --backend onnx serves.
+"""Export a checkpoint to an ONNX graph that --backend onnx serves.
+
+`--backend onnx` on a checkpoint that ships no graph exports one on its first start and keeps
+it in the model cache (`cached_graph`); later starts read it from there. By hand:
 
     python -m vectorpress.backends.onnx.export MODEL_FOLDER OUT_FOLDER
 
@@ -10,48 +13,119 @@ config, tokenizer and sentence-transformers files, so it can be served as it is.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
+import inspect
+import json
+import logging
+import os
+import shutil
+import time
 from pathlib import Path
 
 import torch
 
+from vectorpress.errors import StartupError
+
+log = logging.getLogger(__name__)
+
 GRAPH_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+OPSET = 17
+#: Files whose change makes a cached graph stale.
+_SOURCES = ("config.json", "model.safetensors", "pytorch_model.bin")
 
 
-def export_encoder(model_folder: Path, graph: Path, opset: int = 17) -> Path:
-    """Trace transformers' AutoModel into `graph`; its output is last_hidden_state."""
-    from transformers import AutoModel
+def export_encoder(
+    model_folder: Path, graph: Path, opset: int = OPSET, kind: str = "embedding"
+) -> Path:
+    """Trace transformers' model into `graph`.
 
-    model = AutoModel.from_pretrained(str(model_folder), attn_implementation="eager").eval()
+    Embedding models give `last_hidden_state`; classifiers and rerankers (`kind` other than
+    embedding) their sequence-classification head's `logits`. `token_type_ids` is an input only
+    where the architecture takes one.
+    """
+    import transformers
 
-    class Encoder(torch.nn.Module):
+    auto = transformers.AutoModel if kind == "embedding" else (
+        transformers.AutoModelForSequenceClassification
+    )  # fmt: skip
+    model = auto.from_pretrained(str(model_folder), attn_implementation="eager").eval()
+    output = "last_hidden_state" if kind == "embedding" else "logits"
+    names = [n for n in GRAPH_INPUTS if n in inspect.signature(model.forward).parameters]
+
+    class Graph(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.model = model
 
-        def forward(
-            self,
-            input_ids: torch.Tensor,
-            attention_mask: torch.Tensor,
-            token_type_ids: torch.Tensor,
-        ) -> torch.Tensor:
-            out = self.model(
-                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-            )
-            return out.last_hidden_state
+        def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+            return getattr(self.model(**dict(zip(names, inputs, strict=True))), output)
 
     ids = torch.ones(2, 7, dtype=torch.long)
-    axes = {name: {0: "batch", 1: "sequence"} for name in (*GRAPH_INPUTS, "last_hidden_state")}
+    example = {"input_ids": ids, "attention_mask": ids, "token_type_ids": torch.zeros_like(ids)}
+    axes = {name: {0: "batch", 1: "sequence"} for name in names}
+    axes[output] = {0: "batch"} if output == "logits" else {0: "batch", 1: "sequence"}
     graph.parent.mkdir(parents=True, exist_ok=True)
     torch.onnx.export(
-        Encoder(),
-        (ids, ids, torch.zeros_like(ids)),
+        Graph(),
+        tuple(example[n] for n in names),
         str(graph),
-        input_names=list(GRAPH_INPUTS),
-        output_names=["last_hidden_state"],
+        input_names=names,
+        output_names=[output],
         dynamic_axes=axes,
         dynamo=False,
         opset_version=opset,
     )
+    return graph
+
+
+def fingerprint(model_folder: Path, kind: str) -> str:
+    """What a cached graph was made from: the folder, its config and weights files (size and
+    modification time, not their bytes), the head, and the exporter's versions."""
+    parts: list[object] = [str(model_folder.resolve()), kind, torch.__version__, OPSET]
+    for name in _SOURCES:
+        path = model_folder / name
+        if path.is_file():
+            stat = path.stat()
+            parts.append((name, stat.st_size, stat.st_mtime_ns))
+    digest = hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+    return digest[:20]
+
+
+def cached_graph(model_folder: Path, kind: str, cache: Path) -> Path:
+    """`model_folder`'s graph under `cache`, exported on the first call.
+
+    The export goes to a folder of its own and is renamed into place when complete, so a crash
+    or a second server exporting the same model at once never leaves a partial graph behind.
+    """
+    final = cache / fingerprint(model_folder, kind)
+    graph = final / "model.onnx"
+    if graph.is_file():
+        log.info("onnx graph from the cache: %s", graph)
+        return graph
+    work = cache / f"{final.name}.partial-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    log.info("%s ships no ONNX graph: exporting it once into %s", model_folder, final)
+    started = time.perf_counter()
+    try:
+        export_encoder(model_folder, work / "model.onnx", kind=kind)
+    except Exception as exc:
+        shutil.rmtree(work, ignore_errors=True)
+        raise StartupError(
+            f"cannot export {model_folder} to ONNX ({type(exc).__name__}: {exc}); give a "
+            "folder with model.onnx, or serve it with --backend torch"
+        ) from exc
+    try:
+        os.replace(work, final)
+    except OSError:  # another process finished the same export first: keep its graph
+        shutil.rmtree(work, ignore_errors=True)
+        if not graph.is_file():
+            raise
+    log.info("onnx export took %.1f s", time.perf_counter() - started)
+    with contextlib.suppress(OSError):  # work folders of exports that died a day ago or more
+        for stale in cache.glob("*.partial-*"):
+            if time.time() - stale.stat().st_mtime > 24 * 3600:
+                shutil.rmtree(stale, ignore_errors=True)
     return graph
 
 
@@ -72,8 +146,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", type=Path)
     ap.add_argument("out", type=Path)
+    ap.add_argument("--kind", choices=("embedding", "classifier"), default="embedding")
     args = ap.parse_args()
-    graph = export_encoder(args.model, args.out / "graph" / "model.onnx")
+    graph = export_encoder(args.model, args.out / "graph" / "model.onnx", kind=args.kind)
     print(servable_folder(args.model, graph, args.out))
 
 

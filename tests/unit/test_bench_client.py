@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 import orjson
 import pytest
 import uvicorn
-from bench.client import Connection
+from bench.client import BlockingConnection, Connection
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -92,3 +92,16 @@ def test_chunked_replies_and_closed_connections(url: str) -> None:
         await connection.close()
 
     asyncio.run(main())
+
+
+def test_the_blocking_client_reads_the_same_replies(url: str) -> None:
+    connection = BlockingConnection(url)
+    PEERS.clear()
+    for i in range(3):
+        status, body = connection.post_raw("/echo", orjson.dumps([i, "x" * 100_000]))
+        assert status == 200 and orjson.loads(body) == {"got": [i, "x" * 100_000]}
+    assert len(PEERS) == 1
+    assert connection.post_raw("/chunked", b"{}") == (200, b"[1,2,3]")
+    assert connection.post_raw("/closing", b"{}") == (503, b"{}")
+    assert connection.post_raw("/echo", b"7") == (200, b'{"got":7}')
+    connection.close()

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -117,3 +120,26 @@ def test_input_of_a_gone_client_is_dropped_before_the_forward_pass(
     seen = [ids for batch in backend.batches for ids in batch]
     assert not any(POISON_ID in ids for ids in seen), "a gone client's input was computed"
     assert srv.infer.metrics.value("te_request_failure", err="dropped") > dropped_before
+
+
+def test_a_client_gone_before_its_body_arrived_costs_nothing(
+    faulty: tuple[LiveServer, FaultyBackend], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Half a body, then the connection closes: no input reaches a batch, nothing is logged
+    as an error, and the server answers the next caller."""
+    srv, backend = faulty
+    backend.batches.clear()
+    caplog.set_level(logging.WARNING)
+    for path in ("/embed", "/v1/embeddings", "/tokenize", "/predict"):
+        with socket.create_connection(("127.0.0.1", srv.port)) as sock:
+            sock.sendall(
+                f"POST {path} HTTP/1.1\r\nHost: vp\r\nContent-Type: application/json\r\n"
+                f'Content-Length: 1000\r\n\r\n{{"inputs": "poison'.encode()
+            )
+            time.sleep(0.2)
+    time.sleep(0.3)
+    assert post(srv, "after").status_code == 200
+    seen = [ids for batch in backend.batches for ids in batch]
+    assert not any(POISON_ID in ids for ids in seen)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]

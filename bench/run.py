@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 from bench.client import BlockingConnection, Connection  # noqa: E402
 from bench.corpus import SHORT_QUERY, corpus  # noqa: E402
 
-from vectorpress.backends.onnx.export import export_encoder, servable_folder  # noqa: E402
+from vectorpress.backends.onnx.export import cached_graph, servable_folder  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 INFINITY_VENV = ROOT / "bench" / ".venv-infinity"
@@ -594,10 +594,7 @@ def main() -> None:
     # An fp32 graph: Infinity's optimum engine needs one, and vectorpress can serve it too.
     fp32_folder: Path | None = None
     if not (args.no_onnx and args.no_infinity):
-        graph = CACHE / f"{model.name}-fp32" / "model.onnx"
-        if not graph.is_file():
-            log("exporting an fp32 ONNX graph (once)")
-            export_encoder(model, graph)
+        graph = cached_graph(model, "embedding", CACHE / "onnx")
         fp32_folder = servable_folder(model, graph, tmp / "fp32")
     if not args.no_onnx and fp32_folder is not None:
         onnx32 = fp32_folder

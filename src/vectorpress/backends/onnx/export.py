@@ -44,11 +44,9 @@ def export_encoder(
     embedding) their sequence-classification head's `logits`. `token_type_ids` is an input only
     where the architecture takes one.
     """
-    import transformers
+    from transformers import AutoModel, AutoModelForSequenceClassification
 
-    auto = transformers.AutoModel if kind == "embedding" else (
-        transformers.AutoModelForSequenceClassification
-    )  # fmt: skip
+    auto = AutoModel if kind == "embedding" else AutoModelForSequenceClassification
     model = auto.from_pretrained(str(model_folder), attn_implementation="eager").eval()
     output = "last_hidden_state" if kind == "embedding" else "logits"
     names = [n for n in GRAPH_INPUTS if n in inspect.signature(model.forward).parameters]

@@ -9,10 +9,11 @@ forward pass of one short query in-process; sentence-transformers `encode(batch_
 in-process; then each server over HTTP under the same client load: one-text requests at
 rising concurrency (1 ... 64 in flight), 32-text requests with 4 in flight, and one short
 query alone. Servers: vectorpress fp32 (torch), bf16 when the CPU has AVX512-BF16, int8 (torch
-on fbgemm), the ONNX Runtime backend on an exported fp32 graph (and, without --quick, on the
-packaged int8 graph), and Infinity (`infinity-emb`, installed by bench/setup_infinity.sh into
-its own venv) with its torch and optimum engines. `--rounds N` repeats sentence-transformers
-and every server N times, one round after another, and reports each figure's median.
+on fbgemm), the ONNX Runtime backend on an exported fp32 graph and on its int8 quantization
+(`--dtype int8`; without --quick also on the packaged weight-only int8 graph), and Infinity
+(`infinity-emb`, installed by bench/setup_infinity.sh into its own venv) with its torch and
+optimum engines. `--rounds N` repeats sentence-transformers and every server N times, one round
+after another, and reports each figure's median.
 
 Writes bench/results/<stamp>.md (a table of ratios), .json and .png (throughput and p99
 latency against concurrency), copies them to latest.*, and prints the command to rerun.
@@ -520,7 +521,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", help="model folder (default: the packaged all-MiniLM-L6-v2)")
     ap.add_argument("--no-infinity", action="store_true", help="skip Infinity")
-    ap.add_argument("--no-onnx", action="store_true", help="skip the ONNX int8 server")
+    ap.add_argument("--no-onnx", action="store_true", help="skip the ONNX servers")
     ap.add_argument(
         "--rounds",
         type=int,
@@ -588,8 +589,8 @@ def main() -> None:
         int8_folder = servable_folder(model, int8, tmp / "int8")
         servers.append((
             "vectorpress onnx int8 (weight-only graph)",
-            lambda p: Server("onnx int8", vectorpress_cmd(int8_folder, p, "--backend", "onnx"),
-                             p, "vp", {}),
+            lambda p: Server("onnx weight-only int8",
+                             vectorpress_cmd(int8_folder, p, "--backend", "onnx"), p, "vp", {}),
         ))  # fmt: skip
     # An fp32 graph: Infinity's optimum engine needs one, and vectorpress can serve it too.
     fp32_folder: Path | None = None
@@ -602,6 +603,14 @@ def main() -> None:
             "vectorpress onnx fp32",
             lambda p: Server("onnx fp32", vectorpress_cmd(onnx32, p, "--backend", "onnx"), p,
                              "vp", {}),
+        ))  # fmt: skip
+        # The int8 graph is quantized from the fp32 one on its first start and kept here.
+        hub = {"HUGGINGFACE_HUB_CACHE": str(CACHE / "hub")}
+        servers.append((
+            "vectorpress onnx int8 (`--dtype int8`)",
+            lambda p: Server("onnx int8",
+                             vectorpress_cmd(onnx32, p, "--backend", "onnx", "--dtype", "int8"),
+                             p, "vp", hub),
         ))  # fmt: skip
     if not args.no_infinity and install_infinity():
         for engine in ("torch", "optimum"):

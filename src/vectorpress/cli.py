@@ -62,7 +62,13 @@ _FLAGS: list[tuple[str, str, Callable[[str], Any] | type[bool] | None, Any, str]
         None,
         "Tokenizer threads (default: cores - 1, at least 1)",
     ),
-    ("--dtype", "DTYPE", None, None, "float32, float16, bfloat16 or int8 (CPU, torch backend)"),
+    (
+        "--dtype",
+        "DTYPE",
+        None,
+        None,
+        "float32, float16, bfloat16 or int8 (CPU: torch or onnx backend)",
+    ),
     ("--served-model-name", "SERVED_MODEL_NAME", None, None, "Name reported to clients"),
     ("--pooling", "POOLING", _pooling, None, "cls, mean, splade or last-token"),
     (

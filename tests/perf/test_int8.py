@@ -15,12 +15,14 @@ from bench.corpus import corpus
 from tests.helpers.batches import pooled, tokenized_batches
 from tests.helpers.reference import assert_close_vectors, st_encode
 from tests.helpers.server import LiveServer
+from vectorpress.backends.onnx.backend import OnnxBackend
 from vectorpress.backends.select import select_backend
 from vectorpress.backends.torch.backend import TorchBackend
 from vectorpress.backends.torch.layers import fused_linears
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import load_model_spec
 from vectorpress.settings import Settings
+from vectorpress.types import Batch
 
 
 @pytest.fixture(scope="module")
@@ -30,13 +32,10 @@ def int8_minilm(minilm: Path) -> TorchBackend:
 
 @pytest.mark.slow
 def test_int8_within_099_of_float32_on_every_corpus_text(
-    minilm: Path, int8_minilm: TorchBackend
+    int8_minilm: TorchBackend, corpus_batches: list[Batch], corpus_fp32: np.ndarray
 ) -> None:
-    # The whole default benchmark corpus (1,200 texts: short, medium, long and truncated).
-    batches = tokenized_batches(minilm, corpus(1200, seed=0), 64)
-    fp32 = TorchBackend(load_model_spec(minilm, Settings(model_id=str(minilm))), "cpu", "float32")
-    want = pooled(fp32, batches)
-    got = pooled(int8_minilm, batches)
+    want = corpus_fp32
+    got = pooled(int8_minilm, corpus_batches)
     linears = fused_linears(int8_minilm.model.encoder)
     assert len(linears) == 24 and all(lin.int8 is not None for lin in linears)
     assert not np.allclose(got, want, atol=1e-4), "not int8 at all"
@@ -67,8 +66,8 @@ def test_int8_over_http_is_close_to_sentence_transformers(minilm: Path) -> None:
     ("options", "message"),
     [
         ({"device": "cuda"}, "CPU only"),
-        ({"backend": "hf"}, "torch backend only"),
-        ({"backend": "onnx"}, "--dtype int8"),
+        ({"backend": "hf"}, "torch and onnx backends only"),
+        ({"backend": "onnx", "device": "cuda"}, "CPU only"),
     ],
 )
 def test_int8_is_refused_where_it_cannot_run(
@@ -77,9 +76,13 @@ def test_int8_is_refused_where_it_cannot_run(
     folder = tiny_bert_family()
     settings = Settings(model_id=str(folder), dtype="int8", **options)  # type: ignore[arg-type]
     spec = load_model_spec(folder, settings)
-    if options.get("device") == "cuda":
+    if options == {"device": "cuda"}:
         with pytest.raises(StartupError, match=message):
             TorchBackend(spec, "cuda", "int8")
+        return
+    if options.get("backend") == "onnx":  # select_backend would refuse the missing GPU first
+        with pytest.raises(StartupError, match=message):
+            OnnxBackend(spec, settings)
         return
     with pytest.raises(StartupError, match=message):
         select_backend(spec, settings)

@@ -63,8 +63,8 @@ class HFBackend:
         self.dtype = dtype or ("float32" if device == "cpu" else gpu_default)
         if self.dtype not in _DTYPES:
             raise StartupError(
-                f"--dtype {self.dtype} runs on the torch backend only; {spec.model_type} is "
-                "served by transformers here"
+                f"--dtype {self.dtype} runs on the torch and onnx backends only; "
+                f"{spec.model_type} is served by transformers here"
             )
         auto = _auto_class(spec)
         try:

@@ -1,7 +1,8 @@
 """OnnxBackend: a model's ONNX graph, run by ONNX Runtime on length-bucketed batches.
 
 The graph is the checkpoint's own `model.onnx`, or one exported from its weights on the first
-start and cached (`export.cached_graph`).
+start and cached (`export.cached_graph`); with `--dtype int8`, that graph with its linear layers
+quantized (`quantize.py`), also built once and cached.
 
 The graph takes padded `(batch, length)` inputs. Padding a whole batch to its longest input
 wastes most of the work on mixed lengths (a batch of 32 in arrival order carries about 2.5x
@@ -60,6 +61,49 @@ def onnx_graph(spec: ModelSpec, settings: Settings) -> Path:
     return cached_graph(spec.path, kind, graph_cache(settings))
 
 
+def int8_graph(graph: Path, spec: ModelSpec, settings: Settings) -> Path:
+    """`graph` with its linear layers in int8 (`quantize.py`), built once and cached."""
+    from vectorpress.backends.onnx.export import build_once
+    from vectorpress.backends.onnx.quantize import int8_key, quantize_graph
+    from vectorpress.backends.torch.int8 import CALIBRATION, calibration_batch
+
+    def build(out: Path) -> None:
+        log.info("quantizing %s to int8 once, into %s", graph, out.parent.parent)
+        batch = calibration_batch(spec)
+        feeds = [padded_feeds(batch, [i]) for i in range(batch.size)]
+        log.info("%d GEMMs in int8", quantize_graph(graph, out, feeds))
+
+    return build_once(
+        graph_cache(settings) / int8_key(graph, CALIBRATION),
+        build,
+        f"cannot quantize {graph} to int8",
+        "serve it without --dtype int8",
+    )
+
+
+def padded_feeds(batch: Batch, group: list[int]) -> dict[str, np.ndarray]:
+    """The inputs of `group`'s texts, padded to the longest: every input an encoder graph may
+    take (the caller keeps those its graph has)."""
+    cu = batch.cu_seqlens
+    width = max(int(cu[i + 1] - cu[i]) for i in group)
+    ids = np.zeros((len(group), width), dtype=np.int64)
+    types = np.zeros((len(group), width), dtype=np.int64)
+    mask = np.zeros((len(group), width), dtype=np.int64)
+    positions = np.zeros((len(group), width), dtype=np.int64)
+    for row, i in enumerate(group):
+        s, e = int(cu[i]), int(cu[i + 1])
+        ids[row, : e - s] = batch.input_ids[s:e]
+        types[row, : e - s] = batch.token_type_ids[s:e]
+        positions[row, : e - s] = batch.position_ids[s:e]
+        mask[row, : e - s] = 1
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "token_type_ids": types,
+        "position_ids": positions,
+    }
+
+
 def buckets(lengths: list[int], call_cost: int = CALL_COST_TOKENS) -> list[list[int]]:
     """Indices grouped so that sum(max length x count) + call_cost x groups is the least.
 
@@ -115,11 +159,14 @@ class OnnxBackend:
             ) from None
         if spec.is_splade:
             raise StartupError("--backend onnx serves dense embedding and classification models")
-        if settings.dtype not in (None, "float32"):
+        if settings.dtype not in (None, "float32", "int8"):
             raise StartupError(
-                f"--backend onnx runs the graph's own precision; --dtype {settings.dtype} "
-                "cannot apply (quantize the graph instead)"
+                f"--backend onnx runs the graph's own precision, or int8 with --dtype int8; "
+                f"--dtype {settings.dtype} cannot apply"
             )
+        int8 = settings.dtype == "int8"
+        if int8 and settings.device == "cuda":
+            raise StartupError("--dtype int8 runs on the CPU only")
         self.spec = spec
         self.path = onnx_graph(spec, settings)
         self.dtype = "float32"
@@ -130,12 +177,17 @@ class OnnxBackend:
         providers = ["CPUExecutionProvider"]
         self.device = "cpu"
         if settings.device == "cuda" or (
-            settings.device == "auto" and "CUDAExecutionProvider" in ort.get_available_providers()
+            settings.device == "auto"
+            and not int8
+            and "CUDAExecutionProvider" in ort.get_available_providers()
         ):
             if "CUDAExecutionProvider" not in ort.get_available_providers():
                 raise StartupError("--device cuda: this onnxruntime build has no CUDA provider")
             providers.insert(0, "CUDAExecutionProvider")
             self.device = "cuda"
+        if int8:
+            self.path = int8_graph(self.path, spec, settings)
+            self.dtype = "int8"
         try:
             self.session = ort.InferenceSession(str(self.path), options, providers=providers)
         except Exception as exc:  # onnxruntime raises its own exception types
@@ -156,28 +208,9 @@ class OnnxBackend:
         self.dense = [load_dense(d).eval() for d in spec.dense]
         log.info("onnx graph %s, providers %s", self.path, self.session.get_providers())
 
-    def _feeds(self, batch: Batch, group: list[int]) -> dict[str, np.ndarray]:
-        cu = batch.cu_seqlens
-        width = max(int(cu[i + 1] - cu[i]) for i in group)
-        ids = np.zeros((len(group), width), dtype=np.int64)
-        types = np.zeros((len(group), width), dtype=np.int64)
-        mask = np.zeros((len(group), width), dtype=np.int64)
-        positions = np.zeros((len(group), width), dtype=np.int64)
-        for row, i in enumerate(group):
-            s, e = int(cu[i]), int(cu[i + 1])
-            ids[row, : e - s] = batch.input_ids[s:e]
-            types[row, : e - s] = batch.token_type_ids[s:e]
-            positions[row, : e - s] = batch.position_ids[s:e]
-            mask[row, : e - s] = 1
-        feeds = {"input_ids": ids, "attention_mask": mask}
-        if "token_type_ids" in self.inputs:
-            feeds["token_type_ids"] = types
-        if "position_ids" in self.inputs:
-            feeds["position_ids"] = positions
-        return feeds
-
     def _run(self, batch: Batch, group: list[int]) -> np.ndarray:
-        return np.asarray(self.session.run([self.output], self._feeds(batch, group))[0])
+        feeds = {k: v for k, v in padded_feeds(batch, group).items() if k in self.inputs}
+        return np.asarray(self.session.run([self.output], feeds)[0])
 
     def _hidden(self, batch: Batch) -> tuple[torch.Tensor, PackedSequences]:
         """The packed `(total_tokens, hidden)` states of every real token."""

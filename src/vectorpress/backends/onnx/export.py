@@ -21,6 +21,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -91,36 +92,51 @@ def fingerprint(model_folder: Path, kind: str) -> str:
 
 
 def cached_graph(model_folder: Path, kind: str, cache: Path) -> Path:
-    """`model_folder`'s graph under `cache`, exported on the first call.
+    """`model_folder`'s graph under `cache`, exported on the first call."""
 
-    The export goes to a folder of its own and is renamed into place when complete, so a crash
-    or a second server exporting the same model at once never leaves a partial graph behind.
+    def export(graph: Path) -> None:
+        log.info("%s ships no ONNX graph: exporting it once into %s", model_folder, cache)
+        export_encoder(model_folder, graph, kind=kind)
+
+    return build_once(
+        cache / fingerprint(model_folder, kind),
+        export,
+        f"cannot export {model_folder} to ONNX",
+        "give a folder with model.onnx, or serve it with --backend torch",
+    )
+
+
+def build_once(final: Path, build: Callable[[Path], None], failed: str, advice: str) -> Path:
+    """`final / "model.onnx"`, made by `build` on the first call and read from there after.
+
+    The graph is built in a folder of its own and renamed into place when complete, so a crash
+    or a second server building the same graph at once never leaves a partial one behind.
     """
-    final = cache / fingerprint(model_folder, kind)
     graph = final / "model.onnx"
     if graph.is_file():
         log.info("onnx graph from the cache: %s", graph)
         return graph
+    cache = final.parent
     work = cache / f"{final.name}.partial-{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
-    log.info("%s ships no ONNX graph: exporting it once into %s", model_folder, final)
+    work.mkdir(parents=True)
     started = time.perf_counter()
     try:
-        export_encoder(model_folder, work / "model.onnx", kind=kind)
+        build(work / "model.onnx")
+    except StartupError:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
     except Exception as exc:
         shutil.rmtree(work, ignore_errors=True)
-        raise StartupError(
-            f"cannot export {model_folder} to ONNX ({type(exc).__name__}: {exc}); give a "
-            "folder with model.onnx, or serve it with --backend torch"
-        ) from exc
+        raise StartupError(f"{failed} ({type(exc).__name__}: {exc}); {advice}") from exc
     try:
         os.replace(work, final)
-    except OSError:  # another process finished the same export first: keep its graph
+    except OSError:  # another process finished the same graph first: keep its own
         shutil.rmtree(work, ignore_errors=True)
         if not graph.is_file():
             raise
-    log.info("onnx export took %.1f s", time.perf_counter() - started)
-    with contextlib.suppress(OSError):  # work folders of exports that died a day ago or more
+    log.info("%s built in %.1f s", graph, time.perf_counter() - started)
+    with contextlib.suppress(OSError):  # work folders of builds that died a day ago or more
         for stale in cache.glob("*.partial-*"):
             if time.time() - stale.stat().st_mtime > 24 * 3600:
                 shutil.rmtree(stale, ignore_errors=True)

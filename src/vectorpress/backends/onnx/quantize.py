@@ -1,0 +1,221 @@
+"""`--backend onnx --dtype int8`: an fp32 graph's linear layers as 8-bit GEMMs.
+
+The recipe is the torch backend's (`backends/torch/int8.py`), which holds cosine >= 0.99 to
+float32 where ONNX Runtime's own dynamic quantization (one scale per tensor, 0.977 on the
+benchmark corpus) does not: SmoothQuant's per-channel migration of activation outliers into
+the weights (alpha 0.5), weights per output channel in 7 bits (ONNX Runtime's AVX2 kernel sums
+pairs of u8 x s8 products in 16 bits with saturation, as fbgemm's does), and activations per
+token: each row is divided by its own scale into a range fixed at calibration, [-low, 1], and
+quantized on one fixed scale, so a text's vector does not depend on its batch-mates. Linear
+layers that share their input (attention's Q, K and V) share one quantization and one GEMM.
+
+In the graph, each `MatMul(x, W)` whose weight is a float32 initializer and whose input is per
+token (3-D) becomes
+
+    b = x * unsmooth;  s = max(rowmax(b), -rowmin(b) / low);  q = QuantizeLinear(b / s)
+    y = MatMulIntegerToFloat(q, W8) * s        (Split back into Q, K, V where merged)
+
+Heads over pooled 2-D inputs (a classifier's pooler and output layer) stay in float32. The
+ranges come from the graph's own activations on the packaged calibration texts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import onnx
+from onnx import ModelProto, NodeProto, TensorProto, ValueInfoProto, helper, numpy_helper
+
+from vectorpress.errors import StartupError
+
+log = logging.getLogger(__name__)
+
+ALPHA = 0.5
+WEIGHT_LEVELS = 63
+#: Changes whenever the graph this module writes changes: part of the cache key.
+RECIPE = "rows-smooth-a0.5-w63-v1"
+MS_DOMAIN = "com.microsoft"
+
+
+@dataclass
+class Linear:
+    """Float MatMuls of a graph that read the same per-token input."""
+
+    input: str
+    weights: list[np.ndarray]  # each (in, out)
+    outputs: list[str]
+    positions: list[int]  # of the MatMuls in the graph's node list
+
+
+def int8_key(graph: Path, calibration: Path) -> str:
+    """What an int8 graph was made from: the fp32 graph (path, size, modification time), the
+    calibration texts and the recipe."""
+    stat = graph.stat()
+    parts = [str(graph.resolve()), stat.st_size, stat.st_mtime_ns, RECIPE]
+    parts.append(hashlib.sha256(calibration.read_bytes()).hexdigest())
+    return "int8-" + hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:20]
+
+
+def quantize_graph(graph: Path, out: Path, feeds: list[dict[str, np.ndarray]]) -> int:
+    """Write `graph` with its per-token linear layers in int8 to `out`, calibrated on `feeds`
+    (one unpadded input each); return the number of GEMMs quantized."""
+    model = onnx.load(str(graph))
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < 13:
+        raise StartupError(f"{graph} uses ONNX opset {opset}; --dtype int8 needs 13 or later")
+    linears = _linears(model)
+    if linears:
+        activations = _calibrate(model, [lin.input for lin in linears], feeds)
+        linears = [lin for lin in linears if activations[lin.input][0].ndim == 3]
+    if not linears:
+        raise StartupError(
+            f"{graph} has no float32 MatMul over tokens to quantize (is it quantized "
+            "already?): serve it without --dtype int8"
+        )
+    replaced: dict[int, list[NodeProto]] = {}
+    initializers: list[TensorProto] = []
+    for i, lin in enumerate(linears):
+        rows = np.concatenate([a.reshape(-1, a.shape[-1]) for a in activations[lin.input]])
+        nodes, consts = _int8_linear(lin, rows, f"vp_int8_{i}_", opset)
+        # The merged GEMM goes where the first of its MatMuls was; the others go.
+        for position in lin.positions:
+            replaced[position] = nodes if position == lin.positions[0] else []
+        initializers += consts
+    graph_nodes = [
+        _copy(n)
+        for position, node in enumerate(model.graph.node)
+        for n in replaced.get(position, [node])
+    ]
+    del model.graph.node[:]
+    model.graph.node.extend(graph_nodes)
+    used = {name for node in graph_nodes for name in node.input}
+    kept = [_copy(t) for t in model.graph.initializer if t.name in used]
+    dropped = {t.name for t in model.graph.initializer} - used
+    # Graphs of IR version 3 list their initializers as inputs too.
+    inputs = [_copy(i) for i in model.graph.input if i.name not in dropped]
+    del model.graph.initializer[:], model.graph.input[:]
+    model.graph.initializer.extend(kept + initializers)
+    model.graph.input.extend(inputs)
+    if not any(o.domain == MS_DOMAIN for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid(MS_DOMAIN, 1))
+    onnx.save(model, str(out))
+    return len(linears)
+
+
+def _linears(model: ModelProto) -> list[Linear]:
+    graph = model.graph
+    weights = {
+        t.name: t
+        for t in graph.initializer
+        if len(t.dims) == 2 and t.data_type == TensorProto.FLOAT
+    }
+    by_input: dict[str, Linear] = {}
+    for position, node in enumerate(graph.node):
+        if node.op_type == "MatMul" and node.input[1] in weights:
+            w = numpy_helper.to_array(weights[node.input[1]]).astype(np.float32)
+            lin = by_input.setdefault(node.input[0], Linear(node.input[0], [], [], []))
+            lin.weights.append(w)
+            lin.outputs.append(node.output[0])
+            lin.positions.append(position)
+    return list(by_input.values())
+
+
+_Proto = TypeVar("_Proto", NodeProto, TensorProto, ValueInfoProto)
+
+
+def _copy(message: _Proto) -> _Proto:
+    """A detached copy: the graph's repeated fields are cleared before they are refilled."""
+    out = type(message)()
+    out.CopyFrom(message)
+    return out
+
+
+def _calibrate(
+    model: ModelProto, names: list[str], feeds: list[dict[str, np.ndarray]]
+) -> dict[str, list[np.ndarray]]:
+    """The values of `names` on every calibration input, from the fp32 graph itself."""
+    import onnxruntime as ort
+
+    probe = ModelProto()
+    probe.CopyFrom(model)
+    present = {o.name for o in probe.graph.output}
+    for name in names:
+        if name not in present:
+            probe.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+    options = ort.SessionOptions()
+    # The probe reads intermediate tensors: fusions must not remove them.
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(
+        probe.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    inputs = {i.name for i in session.get_inputs()}
+    seen: dict[str, list[np.ndarray]] = {name: [] for name in names}
+    for feed in feeds:
+        values = session.run(names, {k: v for k, v in feed.items() if k in inputs})
+        for name, value in zip(names, values, strict=True):
+            seen[name].append(np.asarray(value, dtype=np.float32))
+    return seen
+
+
+def _int8_linear(
+    lin: Linear, rows: np.ndarray, p: str, opset: int
+) -> tuple[list[NodeProto], list[TensorProto]]:
+    """The nodes and initializers that compute `lin` in int8, given its calibration rows."""
+    consts: list[TensorProto] = []
+
+    def const(name: str, value: np.ndarray) -> str:
+        consts.append(numpy_helper.from_array(value, p + name))
+        return p + name
+
+    def node(op: str, inputs: list[str], output: str, **attrs: Any) -> NodeProto:
+        domain = MS_DOMAIN if op == "MatMulIntegerToFloat" else ""
+        return helper.make_node(op, inputs, [output], domain=domain, **attrs)
+
+    def row_reduce(op: str, x: str, output: str) -> NodeProto:
+        # Opset 18 made a reduction's axes an input instead of an attribute.
+        if opset >= 18:
+            return node(op, [x, const("axes", np.array([-1], np.int64))], output, keepdims=1)
+        return node(op, [x], output, axes=[-1], keepdims=1)
+
+    weight = np.concatenate(lin.weights, axis=1)
+    amax = np.abs(rows).max(0).clip(1e-5)
+    smooth = amax**ALPHA / np.abs(weight).max(1).clip(1e-5) ** (1 - ALPHA)
+    scaled = rows / smooth
+    # How far below zero a row reaches, relative to its top: 1 for symmetric inputs, less
+    # after GELU; a row that goes lower at serving time gets a coarser scale, not clipped.
+    low = float((-scaled.min(1) / np.maximum(scaled.max(1), 1e-12)).max())
+    low = min(max(low, 1 / 64), 1.0)
+    a_scale = np.array((1 + low) / 255, np.float32)
+    a_zero = np.array(round(low / float(a_scale)), np.uint8)
+    w = weight * smooth[:, None]
+    w_scale = (np.abs(w).max(0) / WEIGHT_LEVELS).clip(1e-12).astype(np.float32)
+    w8 = np.round(w / w_scale).astype(np.int8)
+    y = p + "y" if len(lin.outputs) > 1 else lin.outputs[0]
+    unsmooth = const("unsmooth", (1 / smooth).astype(np.float32))
+    nodes = [
+        node("Mul", [lin.input, unsmooth], p + "b"),
+        row_reduce("ReduceMax", p + "b", p + "hi"),
+        row_reduce("ReduceMin", p + "b", p + "lo"),
+        node("Mul", [p + "lo", const("neglow", np.array(-1 / low, np.float32))], p + "lo_up"),
+        node("Max", [p + "hi", p + "lo_up", const("tiny", np.array(1e-12, np.float32))], p + "s"),
+        node("Div", [p + "b", p + "s"], p + "n"),
+        node(
+            "QuantizeLinear", [p + "n", const("a_scale", a_scale), const("a_zero", a_zero)], p + "q"
+        ),
+        node(
+            "MatMulIntegerToFloat",
+            [p + "q", const("w8", w8), p + "a_scale", const("w_scale", w_scale), p + "a_zero"],
+            p + "f",
+        ),
+        node("Mul", [p + "f", p + "s"], y),
+    ]
+    if len(lin.outputs) > 1:
+        sizes = const("sizes", np.array([x.shape[1] for x in lin.weights], np.int64))
+        nodes.append(helper.make_node("Split", [y, sizes], lin.outputs, axis=-1))
+    return nodes, consts

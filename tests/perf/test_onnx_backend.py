@@ -7,6 +7,7 @@ import importlib.util
 import random
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -166,3 +167,38 @@ def test_buckets_cover_every_input_once_and_beat_one_padded_batch() -> None:
         assert cost <= sum(lengths) + 64 * len(set(lengths))
     assert buckets([]) == []
     assert buckets([7, 7, 7]) == [[0, 1, 2]]
+
+
+def test_passes_keep_under_their_token_budget() -> None:
+    rng = random.Random(1)
+    for _ in range(50):
+        lengths = [rng.choice([rng.randint(3, 16), rng.randint(30, 120), 256]) for _ in range(96)]
+        groups = buckets(lengths, max_tokens=1024)
+        assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+        assert all(max(lengths[i] for i in g) * len(g) <= 1024 for g in groups)
+    # One input longer than the budget runs alone.
+    assert buckets([300, 300, 5], max_tokens=256) == [[2], [0], [1]]
+
+
+def test_a_large_batch_runs_as_passes_of_at_most_pass_tokens(
+    tiny_bert_family: Callable[..., Path], tmp_path: Path
+) -> None:
+    folder = tiny_bert_family("bert", "embedding", "mean")
+    settings = Settings(model_id=str(folder), backend="onnx", huggingface_hub_cache=str(tmp_path))
+    backend = OnnxBackend(load_model_spec(folder, settings), settings)
+    shapes: list[tuple[int, ...]] = []
+    run = backend.session.run
+
+    def watched(names: Any, feeds: dict[str, np.ndarray]) -> Any:
+        shapes.append(feeds["input_ids"].shape)
+        return run(names, feeds)
+
+    backend.session = SimpleNamespace(run=watched)  # type: ignore[assignment]
+    encodings = [
+        Encoding(ids=[101] + [2000 + i] * 98 + [102], type_ids=[0] * 100) for i in range(50)
+    ]
+    out = backend.embed(Batch.from_encodings(encodings))
+    assert out.pooled is not None and len(out.pooled) == 50
+    # 5,000 tokens: three passes of 20 x 100 at most, where one would hold them all.
+    assert sum(rows for rows, _ in shapes) == 50 and len(shapes) == 3
+    assert all(rows * width <= onnx_backend.PASS_TOKENS for rows, width in shapes)

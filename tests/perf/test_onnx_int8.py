@@ -15,7 +15,7 @@ import onnx
 import pytest
 from bench.corpus import corpus
 
-from tests.helpers.batches import pooled, tokenized_batches
+from tests.helpers.batches import alone_and_together, assert_quantized_close, pooled
 from tests.helpers.reference import assert_close_vectors, st_encode
 from tests.helpers.server import LiveServer
 from vectorpress.backends.onnx import quantize
@@ -56,16 +56,13 @@ def test_onnx_int8_within_099_of_float32_on_every_corpus_text(
     assert ops.count("MatMulIntegerToFloat") == 24
     assert int8_onnx.dtype == "int8"
     got = pooled(int8_onnx, corpus_batches)
-    assert not np.allclose(got, corpus_fp32, atol=1e-4), "not int8 at all"
-    assert_close_vectors(got, corpus_fp32, min_cos=0.99, what="onnx int8 vs torch fp32")
+    assert_quantized_close(got, corpus_fp32, "onnx int8 vs torch fp32")
 
 
 def test_an_onnx_int8_vector_does_not_depend_on_its_batch_mates(
     minilm: Path, int8_onnx: OnnxBackend
 ) -> None:
-    texts = corpus(48, seed=3)
-    together = pooled(int8_onnx, tokenized_batches(minilm, texts, 48))
-    alone = pooled(int8_onnx, tokenized_batches(minilm, texts, 1))
+    alone, together = alone_and_together(int8_onnx, minilm, corpus(48, seed=3))
     # Each row is quantized on its own scale and the int8 GEMM sums exactly; one scale for
     # the whole input, as ONNX Runtime's dynamic quantization takes it, moves them by ~1e-3.
     np.testing.assert_allclose(alone, together, rtol=0, atol=1e-6)

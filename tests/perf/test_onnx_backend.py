@@ -104,6 +104,11 @@ def test_the_exported_graph_is_reused_and_a_failed_export_leaves_nothing(
     with pytest.raises(StartupError, match="cannot export"):
         cached_graph(broken, "embedding", cache)
     assert [p.name for p in cache.iterdir()] == [first.parent.name]
+    # A cache that cannot be written to is a start-up error too, not a traceback.
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    with pytest.raises(StartupError, match=r"cannot export .*NotADirectoryError"):
+        cached_graph(folder, "classifier", blocked / "graphs")
 
 
 @pytest.mark.parametrize("task", ["classifier", "reranker"])

@@ -119,9 +119,9 @@ def build_once(final: Path, build: Callable[[Path], None], failed: str, advice: 
     cache = final.parent
     work = cache / f"{final.name}.partial-{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
     started = time.perf_counter()
     try:
+        work.mkdir(parents=True)  # a read-only cache fails here, as a StartupError
         build(work / "model.onnx")
     except StartupError:
         shutil.rmtree(work, ignore_errors=True)

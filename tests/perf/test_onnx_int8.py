@@ -59,6 +59,13 @@ def test_onnx_int8_within_099_of_float32_on_every_corpus_text(
     assert_quantized_close(got, corpus_fp32, "onnx int8 vs torch fp32")
 
 
+def test_the_quantization_reports_how_far_it_moved_the_outputs(int8_onnx: OnnxBackend) -> None:
+    report = quantize.Report.load(int8_onnx.path.parent)
+    assert report is not None and report.gemms == 24
+    assert report.min_cosine is not None and 0.99 <= report.min_cosine < 1.0
+    assert 0.0 < report.max_abs_diff < 1.0
+
+
 def test_an_onnx_int8_vector_does_not_depend_on_its_batch_mates(
     minilm: Path, int8_onnx: OnnxBackend
 ) -> None:
@@ -129,7 +136,8 @@ def test_int8_classification_heads_keep_float_heads_and_score_near_float32(
             scores.append(np.array([x["score"] for row in r.json() for x in row]))
             info = httpx.get(f"{srv.url}/info").json()
             assert info["model_dtype"] == dtype
-    graph = onnx.load(str(next((tmp_path / "vectorpress-onnx").glob("int8-*/model.onnx"))))
+    graph_path = next((tmp_path / "vectorpress-onnx").glob("int8-*/model.onnx"))
+    graph = onnx.load(str(graph_path))
     ops = [node.op_type for node in graph.graph.node]
     assert ops.count("MatMulIntegerToFloat") == 8  # the encoder's two layers
     # The pooler and the classifier, over one vector per text, not per token, stay float.
@@ -138,5 +146,8 @@ def test_int8_classification_heads_keep_float_heads_and_score_near_float32(
         n for n in graph.graph.node if n.op_type in ("Gemm", "MatMul") and n.input[1] in weights
     ]
     assert len(heads) == 2
+    report = quantize.Report.load(graph_path.parent)
+    assert report is not None and report.gemms == 8 and report.min_cosine is None
+    assert 0.0 < report.max_abs_diff < 1e-3
     # The tiny random model's scores are near 0.01: 1% of each, not of the logit range.
     np.testing.assert_allclose(scores[1], scores[0], rtol=0.01, atol=1e-5)

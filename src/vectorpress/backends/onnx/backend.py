@@ -70,21 +70,22 @@ def onnx_graph(spec: ModelSpec, settings: Settings) -> Path:
 def int8_graph(graph: Path, spec: ModelSpec, settings: Settings) -> Path:
     """`graph` with its linear layers in int8 (`quantize.py`), built once and cached."""
     from vectorpress.backends.onnx.export import build_once
-    from vectorpress.backends.onnx.quantize import int8_key, quantize_graph
+    from vectorpress.backends.onnx.quantize import Report, int8_key, quantize_graph
     from vectorpress.backends.torch.int8 import CALIBRATION, calibration_batch
 
     def build(out: Path) -> None:
         log.info("quantizing %s to int8 once, into %s", graph, out.parent.parent)
         batch = calibration_batch(spec)
-        feeds = [padded_feeds(batch, [i]) for i in range(batch.size)]
-        log.info("%d GEMMs in int8", quantize_graph(graph, out, feeds))
+        quantize_graph(graph, out, [padded_feeds(batch, [i]) for i in range(batch.size)])
 
-    return build_once(
+    int8 = build_once(
         graph_cache(settings) / int8_key(graph, CALIBRATION),
         build,
         f"cannot quantize {graph} to int8",
         "serve it without --dtype int8",
     )
+    log.info("int8 graph %s: %s", int8, Report.load(int8.parent) or "no quantize.json")
+    return int8
 
 
 def padded_feeds(batch: Batch, group: list[int]) -> dict[str, np.ndarray]:

@@ -38,9 +38,10 @@ log = logging.getLogger(__name__)
 
 ALPHA = 0.5
 WEIGHT_LEVELS = 63
-#: Changes whenever the graph this module writes changes: part of the cache key.
-RECIPE = "rows-smooth-a0.5-w63-v1"
+#: Changes whenever what this module writes changes: part of the cache key.
+RECIPE = "rows-smooth-a0.5-w63-v2"
 MS_DOMAIN = "com.microsoft"
+REPORT = "quantize.json"
 
 
 @dataclass
@@ -62,16 +63,45 @@ def int8_key(graph: Path, calibration: Path) -> str:
     return "int8-" + hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:20]
 
 
-def quantize_graph(graph: Path, out: Path, feeds: list[dict[str, np.ndarray]]) -> int:
+@dataclass
+class Report:
+    """What a quantization did, kept as `quantize.json` beside the graph and logged at start-up:
+    the GEMMs it turned to int8, and how far the int8 graph's output moved from the fp32 one's
+    on the calibration inputs (per input: the cosine of the mean over tokens for per-token
+    outputs, the largest absolute difference for others, such as a classifier's logits)."""
+
+    gemms: int
+    min_cosine: float | None
+    max_abs_diff: float
+
+    def save(self, folder: Path) -> None:
+        (folder / REPORT).write_text(json.dumps(self.__dict__))
+
+    @classmethod
+    def load(cls, folder: Path) -> Report | None:
+        try:
+            return cls(**json.loads((folder / REPORT).read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def __str__(self) -> str:
+        cos = "" if self.min_cosine is None else f"lowest cosine {self.min_cosine:.4f}, "
+        return f"{self.gemms} GEMMs in int8; against fp32 on the calibration texts: {cos}" + (
+            f"largest difference {self.max_abs_diff:.4g}"
+        )
+
+
+def quantize_graph(graph: Path, out: Path, feeds: list[dict[str, np.ndarray]]) -> Report:
     """Write `graph` with its per-token linear layers in int8 to `out`, calibrated on `feeds`
-    (one unpadded input each); return the number of GEMMs quantized."""
+    (one unpadded input each), and report how it did (also saved beside `out`)."""
     model = onnx.load(str(graph))
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     if opset < 13:
         raise StartupError(f"{graph} uses ONNX opset {opset}; --dtype int8 needs 13 or later")
     linears = _linears(model)
+    outputs = [o.name for o in model.graph.output]
     if linears:
-        activations = _calibrate(model, [lin.input for lin in linears], feeds)
+        activations = _calibrate(model, outputs + [lin.input for lin in linears], feeds)
         linears = [lin for lin in linears if activations[lin.input][0].ndim == 3]
     if not linears:
         raise StartupError(
@@ -105,7 +135,33 @@ def quantize_graph(graph: Path, out: Path, feeds: list[dict[str, np.ndarray]]) -
     if not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(onnx.helper.make_opsetid(MS_DOMAIN, 1))
     onnx.save(model, str(out))
-    return len(linears)
+    report = _compare(out, feeds, outputs, [activations[name] for name in outputs], len(linears))
+    report.save(out.parent)
+    return report
+
+
+def _compare(
+    graph: Path,
+    feeds: list[dict[str, np.ndarray]],
+    outputs: list[str],
+    reference: list[list[np.ndarray]],
+    gemms: int,
+) -> Report:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+    inputs = {i.name for i in session.get_inputs()}
+    cosines: list[float] = []
+    diff = 0.0
+    for n, feed in enumerate(feeds):
+        got = session.run(outputs, {k: v for k, v in feed.items() if k in inputs})
+        for want, value in zip((ref[n] for ref in reference), got, strict=True):
+            value = np.asarray(value, dtype=np.float32)
+            diff = max(diff, float(np.abs(value - want).max()))
+            if value.ndim == 3:  # (1, tokens, hidden)
+                a, b = want[0].mean(0), value[0].mean(0)
+                cosines.append(float(a @ b / max(np.linalg.norm(a) * np.linalg.norm(b), 1e-12)))
+    return Report(gemms, min(cosines) if cosines else None, diff)
 
 
 def _linears(model: ModelProto) -> list[Linear]:

@@ -30,16 +30,16 @@ from typing import Any, TypeVar
 
 import numpy as np
 import onnx
+import torch
 from onnx import ModelProto, NodeProto, TensorProto, ValueInfoProto, helper, numpy_helper
 
+from vectorpress.backends.torch.int8 import ALPHA, WEIGHT_LEVELS, row_range, smoothing
 from vectorpress.errors import StartupError
 
 log = logging.getLogger(__name__)
 
-ALPHA = 0.5
-WEIGHT_LEVELS = 63
 #: Changes whenever what this module writes changes: part of the cache key.
-RECIPE = "rows-smooth-a0.5-w63-v2"
+RECIPE = "rows-smooth-a0.5-w63-v3"
 MS_DOMAIN = "com.microsoft"
 REPORT = "quantize.json"
 
@@ -86,7 +86,8 @@ class Report:
 
     def __str__(self) -> str:
         cos = "" if self.min_cosine is None else f"lowest cosine {self.min_cosine:.4f}, "
-        return f"{self.gemms} GEMMs in int8; against fp32 on the calibration texts: {cos}" + (
+        return (
+            f"{self.gemms} GEMMs in int8; against fp32 on the calibration texts: {cos}"
             f"largest difference {self.max_abs_diff:.4g}"
         )
 
@@ -239,14 +240,13 @@ def _int8_linear(
             return node(op, [x, const("axes", np.array([-1], np.int64))], output, keepdims=1)
         return node(op, [x], output, axes=[-1], keepdims=1)
 
-    weight = np.concatenate(lin.weights, axis=1)
-    amax = np.abs(rows).max(0).clip(1e-5)
-    smooth = amax**ALPHA / np.abs(weight).max(1).clip(1e-5) ** (1 - ALPHA)
+    weight = np.concatenate(lin.weights, axis=1)  # (in, out): torch's layout transposed
+    amax = torch.from_numpy(np.abs(rows).max(0))
+    smooth = smoothing(torch.from_numpy(weight.T), amax, ALPHA).numpy()
     scaled = rows / smooth
     # How far below zero a row reaches, relative to its top: 1 for symmetric inputs, less
     # after GELU; a row that goes lower at serving time gets a coarser scale, not clipped.
-    low = float((-scaled.min(1) / np.maximum(scaled.max(1), 1e-12)).max())
-    low = min(max(low, 1 / 64), 1.0)
+    low = row_range(float((-scaled.min(1) / np.maximum(scaled.max(1), 1e-12)).max()))
     a_scale = np.array((1 + low) / 255, np.float32)
     a_zero = np.array(round(low / float(a_scale)), np.uint8)
     w = weight * smooth[:, None]

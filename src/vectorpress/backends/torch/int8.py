@@ -51,6 +51,12 @@ def int8_ready() -> None:
         )
 
 
+def row_range(low: float) -> float:
+    """A layer's calibrated `low` (how far below zero its rows reach, relative to their top),
+    kept where a scale stays usable: [1/64, 1]."""
+    return min(max(low, 1 / 64), 1.0)
+
+
 def smoothing(weight: torch.Tensor, amax: torch.Tensor | None, alpha: float) -> torch.Tensor:
     """SmoothQuant's factor per input channel: the weights are multiplied by it and the
     activations divided, so that channels with outliers lose their range to the weights."""
@@ -81,7 +87,7 @@ class Int8Weights:
             warnings.simplefilter("ignore")
             q = torch.quantize_per_channel(w, scale.double(), zeros, 0, torch.qint8)
             packed = torch.ops.quantized.linear_prepack(q, None)
-        low = min(max(low, 1 / 64), 1.0)
+        low = row_range(low)
         sentinel = torch.zeros(w.shape[1])
         # Below -low by more than rounding: a row scaled to -low can land an ulp under it.
         sentinel[:2] = torch.tensor([1.0, -low * (1 + 1e-5)])

@@ -4,6 +4,7 @@ torch fp32 path; exported classification heads against the torch backend."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +20,7 @@ from tests.helpers.reference import assert_close_vectors, vp_embed
 from tests.helpers.server import LiveServer
 from tests.helpers.texts import mixed_texts
 from vectorpress.backends.onnx import backend as onnx_backend
-from vectorpress.backends.onnx import export
+from vectorpress.backends.onnx import export, quantize
 from vectorpress.backends.onnx.backend import OnnxBackend, buckets
 from vectorpress.backends.onnx.export import cached_graph, fingerprint, servable_folder
 from vectorpress.backends.torch.pooling import pool
@@ -79,6 +80,27 @@ def test_a_checkpoint_without_a_graph_is_exported_once_and_served_at_fp32(
     graphs = list((cache / "vectorpress-onnx").iterdir())
     assert [g.name for g in graphs] == [fingerprint(minilm, "embedding")]
     assert (graphs[0] / "model.onnx").is_file()
+
+
+def test_a_cached_graph_goes_stale_with_any_weights_file_or_graph_data(tmp_path: Path) -> None:
+    """Large checkpoints come in shards and large graphs with a data file: a change to any of
+    them is a new graph, not the old one from the cache."""
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    for name in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
+        (folder / name).write_bytes(b"weights")
+    (folder / "model.onnx").write_bytes(b"graph")
+    (folder / "model.onnx_data").write_bytes(b"tensors")
+    calibration = tmp_path / "calibration.txt"
+    calibration.write_text("texts")
+    graph_key = fingerprint(folder, "embedding")
+    int8_key = quantize.int8_key(folder / "model.onnx", calibration)
+    assert fingerprint(folder, "classifier") != graph_key
+    os.utime(folder / "model-00002-of-00002.safetensors", ns=(0, 0))
+    assert fingerprint(folder, "embedding") != graph_key
+    (folder / "model.onnx_data").write_bytes(b"other tensors")
+    assert quantize.int8_key(folder / "model.onnx", calibration) != int8_key
 
 
 def test_the_exported_graph_is_reused_and_a_failed_export_leaves_nothing(

@@ -5,6 +5,7 @@ batch-mates, built once and cached, over HTTP, and refused where there is nothin
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,14 @@ import numpy as np
 import onnx
 import pytest
 from bench.corpus import corpus
+from onnx.external_data_helper import uses_external_data
 
-from tests.helpers.batches import alone_and_together, assert_quantized_close, pooled
+from tests.helpers.batches import (
+    alone_and_together,
+    assert_quantized_close,
+    pooled,
+    tokenized_batches,
+)
 from tests.helpers.reference import assert_close_vectors, st_encode
 from tests.helpers.server import LiveServer
 from vectorpress.backends.onnx import quantize
@@ -109,6 +116,50 @@ def test_the_int8_graph_is_built_once_and_a_failed_build_leaves_nothing(
     with pytest.raises(StartupError, match=r"cannot quantize .*quantized again"):
         int8_graph(other, spec, settings)
     assert sorted(p.name for p in cache.iterdir()) == before
+
+
+def test_graphs_too_large_for_one_protobuf_keep_their_tensors_beside_them(
+    tiny_bert_family: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Protobuf stops at 2 GiB, which an fp32 checkpoint of 500M parameters passes: its graph
+    ships, and its int8 graph is written, with the tensors in a file beside it. The limit is
+    lowered here so that a tiny checkpoint takes that path; a 2.2 GiB one was checked by hand."""
+    folder = tiny_bert_family("bert", "embedding", "mean")
+    batches = tokenized_batches(folder, corpus(8, seed=5))
+    want = {}
+    for dtype in ("float32", "int8"):
+        settings = _settings(folder, tmp_path / "inline", dtype=dtype)
+        backend = OnnxBackend(load_model_spec(folder, settings), settings)
+        want[dtype] = pooled(backend, batches)
+        if dtype == "float32":
+            fp32 = backend.path
+    # The same fp32 graph as a checkpoint ships it when too large: onnx/model.onnx + its data.
+    shipped = tmp_path / "shipped"
+    shutil.copytree(folder, shipped)
+    (shipped / "onnx").mkdir()
+    onnx.save(
+        onnx.load(str(fp32)),
+        str(shipped / "onnx" / "model.onnx"),
+        save_as_external_data=True,
+        location="model.onnx_data",
+        size_threshold=0,
+    )
+    monkeypatch.setattr(quantize, "INLINE_BYTES", 0)
+    for dtype in ("float32", "int8"):
+        settings = _settings(shipped, tmp_path / "external", dtype=dtype)
+        backend = OnnxBackend(load_model_spec(shipped, settings), settings)
+        np.testing.assert_array_equal(pooled(backend, batches), want[dtype])
+    int8_folder = backend.path.parent
+    assert int8_folder.name.startswith("int8-")
+    graph = onnx.load(str(int8_folder / "model.onnx"), load_external_data=False)
+    weights = [t for t in graph.graph.initializer if np.prod(t.dims) >= 1024]
+    assert len(weights) > 8  # the int8 GEMMs' weights and the float embeddings
+    assert all(uses_external_data(t) for t in weights)
+    assert sorted(p.name for p in int8_folder.iterdir()) == [
+        "model.onnx",
+        "model.onnx.data",
+        quantize.REPORT,
+    ]
 
 
 def test_a_graph_quantized_already_is_refused(minilm: Path, tmp_path: Path) -> None:

@@ -32,8 +32,8 @@ log = logging.getLogger(__name__)
 
 GRAPH_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 OPSET = 17
-#: Files whose change makes a cached graph stale.
-_SOURCES = ("config.json", "model.safetensors", "pytorch_model.bin")
+#: Files whose change makes a cached graph stale (weights in one file or in shards).
+_SOURCES = ("config.json", "model*.safetensors", "pytorch_model*.bin")
 
 
 def export_encoder(
@@ -82,11 +82,10 @@ def fingerprint(model_folder: Path, kind: str) -> str:
     """What a cached graph was made from: the folder, its config and weights files (size and
     modification time, not their bytes), the head, and the exporter's versions."""
     parts: list[object] = [str(model_folder.resolve()), kind, torch.__version__, OPSET]
-    for name in _SOURCES:
-        path = model_folder / name
-        if path.is_file():
+    for pattern in _SOURCES:
+        for path in sorted(model_folder.glob(pattern)):
             stat = path.stat()
-            parts.append((name, stat.st_size, stat.st_mtime_ns))
+            parts.append((path.name, stat.st_size, stat.st_mtime_ns))
     digest = hashlib.sha256(json.dumps(parts).encode()).hexdigest()
     return digest[:20]
 

@@ -24,14 +24,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import onnx
 import torch
-from onnx import ModelProto, NodeProto, TensorProto, ValueInfoProto, helper, numpy_helper
+from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from vectorpress.backends.torch.int8 import ALPHA, WEIGHT_LEVELS, row_range, smoothing
 from vectorpress.errors import StartupError
@@ -42,6 +43,10 @@ log = logging.getLogger(__name__)
 RECIPE = "rows-smooth-a0.5-w63-v3"
 MS_DOMAIN = "com.microsoft"
 REPORT = "quantize.json"
+#: Protobuf cannot serialize a message of 2 GiB: graphs whose tensors come near it (an fp32
+#: checkpoint of 500M parameters and more, such as a large multilingual encoder with its
+#: 250,000-token embedding table) keep them in one file beside the graph, ONNX's external data.
+INLINE_BYTES = 2**31 - 2**26
 
 
 @dataclass
@@ -55,10 +60,12 @@ class Linear:
 
 
 def int8_key(graph: Path, calibration: Path) -> str:
-    """What an int8 graph was made from: the fp32 graph (path, size, modification time), the
-    calibration texts and the recipe."""
+    """What an int8 graph was made from: the fp32 graph (path, size, modification time; and
+    those of its external data file, where it has one), the calibration texts and the recipe."""
     stat = graph.stat()
-    parts = [str(graph.resolve()), stat.st_size, stat.st_mtime_ns, RECIPE]
+    parts: list[object] = [str(graph.resolve()), stat.st_size, stat.st_mtime_ns, RECIPE]
+    for data in sorted(graph.parent.glob(graph.name + "?data")):  # model.onnx_data, .onnx.data
+        parts.append((data.name, data.stat().st_size, data.stat().st_mtime_ns))
     parts.append(hashlib.sha256(calibration.read_bytes()).hexdigest())
     return "int8-" + hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:20]
 
@@ -102,7 +109,12 @@ def quantize_graph(graph: Path, out: Path, feeds: list[dict[str, np.ndarray]]) -
     linears = _linears(model)
     outputs = [o.name for o in model.graph.output]
     if linears:
-        activations = _calibrate(model, outputs + [lin.input for lin in linears], feeds)
+        scratch = out.parent / "probe"
+        try:
+            names = outputs + [lin.input for lin in linears]
+            activations = _calibrate(model, names, feeds, scratch)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
         linears = [lin for lin in linears if activations[lin.input][0].ndim == 3]
     if not linears:
         raise StartupError(
@@ -126,19 +138,62 @@ def quantize_graph(graph: Path, out: Path, feeds: list[dict[str, np.ndarray]]) -
     del model.graph.node[:]
     model.graph.node.extend(graph_nodes)
     used = {name for node in graph_nodes for name in node.input}
-    kept = [_copy(t) for t in model.graph.initializer if t.name in used]
     dropped = {t.name for t in model.graph.initializer} - used
+    # Deleted in place: a copy of a tensor of 2 GiB or more (an embedding table) fails.
     # Graphs of IR version 3 list their initializers as inputs too.
-    inputs = [_copy(i) for i in model.graph.input if i.name not in dropped]
-    del model.graph.initializer[:], model.graph.input[:]
-    model.graph.initializer.extend(kept + initializers)
-    model.graph.input.extend(inputs)
+    for field in (model.graph.initializer, model.graph.input):
+        for i in reversed(range(len(field))):
+            if field[i].name in dropped:
+                del field[i]
+    model.graph.initializer.extend(initializers)
     if not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(onnx.helper.make_opsetid(MS_DOMAIN, 1))
-    onnx.save(model, str(out))
+    save_graph(model, out)
     report = _compare(out, feeds, outputs, [activations[name] for name in outputs], len(linears))
     report.save(out.parent)
     return report
+
+
+def _tensor_bytes(model: ModelProto) -> int:
+    # One tensor of 2 GiB or more cannot tell its ByteSize() either: its raw bytes are counted.
+    graph = model.graph
+    tensors = sum(len(t.raw_data) or t.ByteSize() for t in graph.initializer)
+    return tensors + sum(n.ByteSize() for n in graph.node)
+
+
+def save_graph(model: ModelProto, path: Path) -> None:
+    """`model` at `path`; its tensors in `<path>.data` beside it when, with them, it would
+    reach protobuf's 2 GiB. (Saving that way moves the tensors out of `model` itself.)"""
+    if _tensor_bytes(model) < INLINE_BYTES:
+        onnx.save(model, str(path))
+        return
+    onnx.save(
+        model,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=path.name + ".data",
+        size_threshold=1024,
+    )
+
+
+def _session(model: ModelProto, options: Any, scratch: Path) -> Any:
+    """A CPU session on `model`: from memory, or, too large for that, from a file in
+    `scratch`, which the caller removes."""
+    import onnxruntime as ort
+
+    providers = ["CPUExecutionProvider"]
+    if _tensor_bytes(model) < INLINE_BYTES:
+        return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+    scratch.mkdir(parents=True, exist_ok=True)
+    save_graph(model, scratch / "model.onnx")
+    return ort.InferenceSession(str(scratch / "model.onnx"), options, providers=providers)
+
+
+def _run(session: Any, names: list[str], feed: dict[str, np.ndarray]) -> list[Any]:
+    """`names` on `feed`, of which the graph gets the inputs it declares."""
+    inputs = {i.name for i in session.get_inputs()}
+    return session.run(names, {k: v for k, v in feed.items() if k in inputs})
 
 
 def _compare(
@@ -151,11 +206,10 @@ def _compare(
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
-    inputs = {i.name for i in session.get_inputs()}
     cosines: list[float] = []
     diff = 0.0
     for n, feed in enumerate(feeds):
-        got = session.run(outputs, {k: v for k, v in feed.items() if k in inputs})
+        got = _run(session, outputs, feed)
         for want, value in zip((ref[n] for ref in reference), got, strict=True):
             value = np.asarray(value, dtype=np.float32)
             diff = max(diff, float(np.abs(value - want).max()))
@@ -183,20 +237,18 @@ def _linears(model: ModelProto) -> list[Linear]:
     return list(by_input.values())
 
 
-_Proto = TypeVar("_Proto", NodeProto, TensorProto, ValueInfoProto)
-
-
-def _copy(message: _Proto) -> _Proto:
-    """A detached copy: the graph's repeated fields are cleared before they are refilled."""
-    out = type(message)()
-    out.CopyFrom(message)
+def _copy(node: NodeProto) -> NodeProto:
+    """A detached copy: the graph's node list is cleared before it is refilled."""
+    out = NodeProto()
+    out.CopyFrom(node)
     return out
 
 
 def _calibrate(
-    model: ModelProto, names: list[str], feeds: list[dict[str, np.ndarray]]
+    model: ModelProto, names: list[str], feeds: list[dict[str, np.ndarray]], scratch: Path
 ) -> dict[str, list[np.ndarray]]:
-    """The values of `names` on every calibration input, from the fp32 graph itself."""
+    """The values of `names` on every calibration input, from the fp32 graph itself (written to
+    `scratch` if too large to pass in memory)."""
     import onnxruntime as ort
 
     probe = ModelProto()
@@ -208,13 +260,11 @@ def _calibrate(
     options = ort.SessionOptions()
     # The probe reads intermediate tensors: fusions must not remove them.
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(
-        probe.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
-    inputs = {i.name for i in session.get_inputs()}
+    session = _session(probe, options, scratch)
+    del probe  # the session holds its own copy of the weights
     seen: dict[str, list[np.ndarray]] = {name: [] for name in names}
     for feed in feeds:
-        values = session.run(names, {k: v for k, v in feed.items() if k in inputs})
+        values = _run(session, names, feed)
         for name, value in zip(names, values, strict=True):
             seen[name].append(np.asarray(value, dtype=np.float32))
     return seen

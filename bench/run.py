@@ -593,9 +593,12 @@ def main() -> None:
                              vectorpress_cmd(int8_folder, p, "--backend", "onnx"), p, "vp", {}),
         ))  # fmt: skip
     # An fp32 graph: Infinity's optimum engine needs one, and vectorpress can serve it too.
+    # Exported where a server given HUGGINGFACE_HUB_CACHE=bench/.cache/hub keeps its graphs,
+    # so the int8 graph quantized from it sits beside it.
+    hub = {"HUGGINGFACE_HUB_CACHE": str(CACHE / "hub")}
     fp32_folder: Path | None = None
     if not (args.no_onnx and args.no_infinity):
-        graph = cached_graph(model, "embedding", CACHE / "onnx")
+        graph = cached_graph(model, "embedding", CACHE / "hub" / "vectorpress-onnx")
         fp32_folder = servable_folder(model, graph, tmp / "fp32")
     if not args.no_onnx and fp32_folder is not None:
         onnx32 = fp32_folder
@@ -604,8 +607,7 @@ def main() -> None:
             lambda p: Server("onnx fp32", vectorpress_cmd(onnx32, p, "--backend", "onnx"), p,
                              "vp", {}),
         ))  # fmt: skip
-        # The int8 graph is quantized from the fp32 one on its first start and kept here.
-        hub = {"HUGGINGFACE_HUB_CACHE": str(CACHE / "hub")}
+        # The int8 graph is quantized from the fp32 one on its first start.
         servers.append((
             "vectorpress onnx int8 (`--dtype int8`)",
             lambda p: Server("onnx int8",

@@ -82,9 +82,11 @@ def test_a_checkpoint_without_a_graph_is_exported_once_and_served_at_fp32(
     assert (graphs[0] / "model.onnx").is_file()
 
 
-def test_a_cached_graph_goes_stale_with_any_weights_file_or_graph_data(tmp_path: Path) -> None:
+def test_a_cached_graph_goes_stale_with_any_weights_file_or_graph_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Large checkpoints come in shards and large graphs with a data file: a change to any of
-    them is a new graph, not the old one from the cache."""
+    them, or to what the export writes, is a new graph, not the old one from the cache."""
     folder = tmp_path / "ckpt"
     folder.mkdir()
     (folder / "config.json").write_text("{}")
@@ -97,6 +99,10 @@ def test_a_cached_graph_goes_stale_with_any_weights_file_or_graph_data(tmp_path:
     graph_key = fingerprint(folder, "embedding")
     int8_key = quantize.int8_key(folder / "model.onnx", calibration)
     assert fingerprint(folder, "classifier") != graph_key
+    with monkeypatch.context() as patch:
+        patch.setattr(export, "EXPORT", export.EXPORT + "-next")
+        assert fingerprint(folder, "embedding") != graph_key
+    assert fingerprint(folder, "embedding") == graph_key
     os.utime(folder / "model-00002-of-00002.safetensors", ns=(0, 0))
     assert fingerprint(folder, "embedding") != graph_key
     (folder / "model.onnx_data").write_bytes(b"other tensors")

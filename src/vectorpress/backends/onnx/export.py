@@ -22,6 +22,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
@@ -32,6 +33,9 @@ log = logging.getLogger(__name__)
 
 GRAPH_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 OPSET = 17
+#: Changes whenever what `export_encoder` writes changes: part of the cache key, as the exporter's
+#: and torch's versions are, so that a graph exported by older code is not served as current.
+EXPORT = "eager-attention-v1"
 #: Files whose change makes a cached graph stale (weights in one file or in shards).
 _SOURCES = ("config.json", "model*.safetensors", "pytorch_model*.bin")
 
@@ -80,8 +84,11 @@ def export_encoder(
 
 def fingerprint(model_folder: Path, kind: str) -> str:
     """What a cached graph was made from: the folder, its config and weights files (size and
-    modification time, not their bytes), the head, and the exporter's versions."""
-    parts: list[object] = [str(model_folder.resolve()), kind, torch.__version__, OPSET]
+    modification time, not their bytes), the head, and the exporter's versions (torch's,
+    transformers', the opset and EXPORT)."""
+    parts: list[object] = [str(model_folder.resolve()), kind, torch.__version__, OPSET, EXPORT]
+    with contextlib.suppress(PackageNotFoundError):  # the traced code is transformers'
+        parts.append(version("transformers"))
     for pattern in _SOURCES:
         for path in sorted(model_folder.glob(pattern)):
             stat = path.stat()

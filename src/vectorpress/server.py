@@ -171,8 +171,9 @@ def freeze_startup_objects() -> int:
 
     The imports (torch, transformers, FastAPI, pydantic) and the loaded model leave a few
     hundred thousand tracked objects, and a full collection walked them all, holding the GIL
-    for 60-120 ms: the forward pass and every request stopped behind it whenever traffic had
-    allocated enough to trigger one (a short query's p99 of 143 ms after the benchmark's load).
+    for 50-130 ms: the forward pass and every request stopped behind it whenever traffic had
+    allocated enough to trigger one (after the benchmark's load, one short query of 71-144 ms
+    in every 300).
     Frozen, they are not walked again; what requests allocate is collected as before. Returns
     how many were frozen.
     """

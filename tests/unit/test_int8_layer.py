@@ -3,10 +3,12 @@ calibrated range."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
-from vectorpress.backends.torch.int8 import Int8Weights
+from vectorpress.backends.torch.int8 import Int8Weights, weight_levels
 
 
 def _cosines(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -37,3 +39,31 @@ def test_a_row_below_the_calibrated_range_is_scaled_not_clipped() -> None:
     x[1] = -x[1].abs() * 5  # all negative: far outside [-0.2, 1] when scaled by its max
     y = layer(x)
     assert _cosines(y, x @ weight.T).min() > 0.999
+
+
+def test_bias_and_a_shared_workspace_leave_each_layer_its_own_result() -> None:
+    gen = torch.Generator().manual_seed(2)
+    wide = Int8Weights.of(torch.randn(48, 256, generator=gen), torch.ones(256))
+    narrow = Int8Weights.of(torch.randn(256, 32, generator=gen), torch.ones(32))
+    bias = torch.randn(48, generator=gen)
+    x, h = torch.randn(7, 256, generator=gen), torch.randn(300, 32, generator=gen)
+    first = wide(x, bias)
+    narrow(h)  # a larger input through the same per-thread buffer in between
+    assert torch.equal(wide(x, bias), first)
+    torch.testing.assert_close(first, wide(x) + bias)
+    results: list[torch.Tensor] = []
+    thread = threading.Thread(target=lambda: results.append(wide(x, bias)))
+    thread.start()
+    thread.join()
+    assert torch.equal(results[0], first)
+
+
+@pytest.mark.parametrize(("vnni", "levels"), [(True, 127), (False, 63), (None, 63)])
+def test_weights_keep_8_bits_only_where_the_cpu_sums_without_saturating(
+    monkeypatch: pytest.MonkeyPatch, vnni: bool | None, levels: int
+) -> None:
+    if vnni is None:
+        monkeypatch.delattr(torch.cpu, "_is_vnni_supported", raising=False)
+    else:
+        monkeypatch.setattr(torch.cpu, "_is_vnni_supported", lambda: vnni, raising=False)
+    assert weight_levels() == levels

@@ -3,8 +3,9 @@
 The recipe is the torch backend's (`backends/torch/int8.py`), which holds cosine >= 0.99 to
 float32 where ONNX Runtime's own dynamic quantization (one scale per tensor, 0.977 on the
 benchmark corpus) does not: SmoothQuant's per-channel migration of activation outliers into
-the weights (alpha 0.5), weights per output channel in 7 bits (ONNX Runtime's AVX2 kernel sums
-pairs of u8 x s8 products in 16 bits with saturation, as fbgemm's does), and activations per
+the weights (alpha 0.5), weights per output channel in 8 bits on CPUs with VNNI and 7 bits
+elsewhere (ONNX Runtime's AVX2 kernel sums pairs of u8 x s8 products in 16 bits with saturation,
+as fbgemm's does), and activations per
 token: each row is divided by its own scale into a range fixed at calibration, [-low, 1], and
 quantized on one fixed scale, so a text's vector does not depend on its batch-mates. Linear
 layers that share their input (attention's Q, K and V) share one quantization and one GEMM.
@@ -39,8 +40,9 @@ from vectorpress.errors import StartupError
 
 log = logging.getLogger(__name__)
 
-#: Changes whenever what this module writes changes: part of the cache key.
-RECIPE = "rows-smooth-a0.5-w63-v3"
+#: Changes whenever what this module writes changes: part of the cache key. The weight levels
+#: follow the CPU (`int8.weight_levels`), so a cache shared by other machines keeps one graph each.
+RECIPE = f"rows-smooth-a{ALPHA}-w{WEIGHT_LEVELS}-v3"
 MS_DOMAIN = "com.microsoft"
 REPORT = "quantize.json"
 #: Protobuf cannot serialize a message of 2 GiB: graphs whose tensors come near it (an fp32

@@ -7,15 +7,17 @@ pass, and a vector would depend on its batch-mates), one per output channel for 
 SmoothQuant's per-channel migration of activation outliers into the weights (alpha 0.5,
 calibrated once at start-up on `data/calibration.txt`): minimum 0.9957 with it, 0.9904 without,
 in the probe that chose it; the recipe as shipped keeps >= 0.9927 on all 1,200 texts of the
-default corpus (tests/perf/test_int8.py). Weights keep 7 bits: on AVX2 without VNNI the kernel
-sums pairs of u8 x s8 products in 16 bits with saturation (255 x 127 x 2 overflows; 255 x 63 x
-2 does not), and 8-bit weights after smoothing lost more to that than they gained (0.988).
+default corpus (tests/perf/test_int8.py). Weights keep 8 bits on CPUs with VNNI (minimum
+0.9957 on those 1,200 texts) and 7 bits elsewhere: on AVX2 without VNNI the kernel sums pairs of
+u8 x s8 products in 16 bits with saturation (255 x 127 x 2 overflows; 255 x 63 x 2 does not),
+and 8-bit weights after smoothing lost more to that than they gained (0.988).
 
 fbgemm over oneDNN's int8 linear: level on large passes, 1.5x faster on a short query, and it
 keeps nothing per input shape (oneDNN's primitives do, see `passes.bucket_rows`)."""
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,20 +36,51 @@ from vectorpress.types import Batch, Encoding
 
 CALIBRATION = Path(__file__).with_name("data") / "calibration.txt"
 ALPHA = 0.5
-WEIGHT_LEVELS = 63
+
+
+def weight_levels() -> int:
+    """Levels on each side of zero an int8 weight may take here (see the module's note)."""
+    vnni = getattr(torch.cpu, "_is_vnni_supported", None)
+    return 127 if vnni is not None and vnni() else 63
+
+
+WEIGHT_LEVELS = weight_levels()
 # Passes of 2,048 tokens: the per-token scaling passes over every activation once more, and at
 # 4,096 tokens those no longer stay in the caches (alone, a 4,096-token pass ran 1.2-1.3x
 # float32's speed and 1,024 tokens 1.4-1.5x; on the corpus 2,048 did best).
 INT8_PASS_TOKENS = 2048
+# fbgemm's int8 linear on a float input quantized on a scale and zero point given by the caller
+# (its dynamic linear finds them from the input's range: one more pass over it).
+_LINEAR = "linear_with_input_q_dq_qweight_dq_output_fp32"
+
+
+class _Workspace(threading.local):
+    """A float buffer per thread that a layer's scaled input is written into: a new tensor of a
+    pass's size each time comes from fresh pages (mmap), and the faults cost more than the
+    multiplication that fills it."""
+
+    buffer = torch.empty(0)
+
+    def take(self, rows: int, cols: int) -> torch.Tensor:
+        if self.buffer.numel() < rows * cols:
+            self.buffer = torch.empty(rows * cols)
+        return self.buffer[: rows * cols].view(rows, cols)
+
+
+_workspace = _Workspace()
 
 
 def int8_ready() -> None:
     """Raise unless this torch build runs fbgemm's int8 linear (x86 CPUs)."""
     engines = torch.backends.quantized.supported_engines
-    if torch.backends.quantized.engine not in ("x86", "fbgemm") or "fbgemm" not in engines:
+    if (
+        torch.backends.quantized.engine not in ("x86", "fbgemm")
+        or "fbgemm" not in engines
+        or not hasattr(torch.ops.quantized, _LINEAR)
+    ):
         raise StartupError(
-            "--dtype int8 needs PyTorch's fbgemm int8 kernels (x86 CPUs); this build has "
-            f"{', '.join(engines)}"
+            "--dtype int8 needs PyTorch's fbgemm int8 kernels (x86 CPUs, torch >= 2.1); this "
+            f"build has {', '.join(engines)}"
         )
 
 
@@ -70,12 +103,13 @@ def smoothing(weight: torch.Tensor, amax: torch.Tensor | None, alpha: float) -> 
 class Int8Weights:
     """A linear layer's weights in int8 (without bias), the per-input-channel factor that
     undoes their smoothing on the activation side, and the fixed range its inputs' rows are
-    scaled into: [-low, 1]."""
+    scaled into: [-low, 1], quantized to u8 on `in_scale` and `in_zero`."""
 
     packed: Any  # fbgemm's prepacked weight (a torch script object)
     unsmooth: torch.Tensor
     low: float
-    sentinel: torch.Tensor
+    in_scale: float
+    in_zero: int
 
     @classmethod
     def of(cls, weight: torch.Tensor, smooth: torch.Tensor, low: float = 1.0) -> Int8Weights:
@@ -88,33 +122,29 @@ class Int8Weights:
             q = torch.quantize_per_channel(w, scale.double(), zeros, 0, torch.qint8)
             packed = torch.ops.quantized.linear_prepack(q, None)
         low = row_range(low)
-        sentinel = torch.zeros(w.shape[1])
-        # Below -low by more than rounding: a row scaled to -low can land an ulp under it.
-        sentinel[:2] = torch.tensor([1.0, -low * (1 + 1e-5)])
-        return cls(packed, (1.0 / smooth).contiguous(), low, sentinel)
+        in_scale = (1 + low) / 255
+        return cls(packed, (1.0 / smooth).contiguous(), low, in_scale, round(low / in_scale))
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """`x @ weight.T`, with each row of `x` quantized on its own scale."""
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """`x @ weight.T + bias`, with each row of `x` quantized on its own scale."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])
-        rows = x.shape[0]
-        # fbgemm quantizes its whole input on one scale, from its min and max. Every row is
-        # scaled into [-low, 1] (a row that goes lower than its layer met in calibration gets
-        # a coarser scale, not clipped), and one more row holds 1 and -low: the range is the
-        # same whatever the batch, so that a text's vector does not depend on its batch-mates.
-        # `low` (calibrated) < 1 gives one-sided inputs, as after GELU, a finer scale: on
-        # all-MiniLM-L6-v2 the FFN outputs' inputs have low 0.77-0.97, and the lowest cosine
-        # to float32 on the corpus rose from 0.9919 with [-1, 1] to 0.9927.
-        t = torch.empty(rows + 1, shape[-1], dtype=torch.float32)
-        body = t[:rows]
+        # Every row is scaled into [-low, 1] (a row that goes lower than its layer met in
+        # calibration gets a coarser scale, not clipped) and quantized on that fixed range, so
+        # that a text's vector does not depend on its batch-mates. `low` (calibrated) < 1
+        # gives one-sided inputs, as after GELU, a finer scale: on all-MiniLM-L6-v2 the FFN
+        # outputs' inputs have low 0.77-0.97, and the lowest cosine to float32 on the corpus
+        # rose from 0.9919 with [-1, 1] to 0.9927.
+        body = _workspace.take(x.shape[0], shape[-1])
         torch.mul(x, self.unsmooth, out=body)  # a new tensor: x is often the residual too
-        scale = body.amax(1, keepdim=True)
-        torch.maximum(scale, body.amin(1, keepdim=True).div_(-self.low), out=scale)
-        scale = scale.clamp_min_(1e-12)
+        # amax and amin: aminmax over rows ran 10x slower than both together.
+        low = body.amin(1, keepdim=True).div_(-self.low)
+        scale = torch.maximum(body.amax(1, keepdim=True), low).clamp_min_(1e-12)
         body.div_(scale)
-        t[rows] = self.sentinel
-        y: torch.Tensor = torch.ops.quantized.linear_dynamic(t, self.packed, False)
-        return y[:rows].mul_(scale).view(*shape[:-1], y.shape[-1])
+        linear = getattr(torch.ops.quantized, _LINEAR)
+        y: torch.Tensor = linear(body, self.in_scale, self.in_zero, self.packed)
+        y = y.mul_(scale) if bias is None else torch.addcmul(bias, y, scale, out=y)
+        return y.view(*shape[:-1], y.shape[-1])
 
 
 def calibration_batch(spec: ModelSpec) -> Batch:

@@ -215,9 +215,7 @@ class FusedLinear:
         if _kernel.observe is not None:
             _kernel.observe(self, x)
         if self.int8 is not None:
-            y = self.int8(x)
-            if self.bias is not None:
-                y = y.add_(self.bias)
+            y = self.int8(x, self.bias)
             return self.act_(y) if self.act_ is not None else y
         if self.packed is None or not _kernel.onednn:
             return self._fallback(x)

@@ -63,7 +63,10 @@ class _Workspace(threading.local):
 
     def take(self, rows: int, cols: int) -> torch.Tensor:
         if self.buffer.numel() < rows * cols:
-            self.buffer = torch.empty(rows * cols)
+            # A plain tensor, even when made under inference_mode: one made there could not be
+            # written outside it, and the same layers also run outside (calibration, tests).
+            with torch.inference_mode(False):
+                self.buffer = torch.empty(rows * cols)
         return self.buffer[: rows * cols].view(rows, cols)
 
 

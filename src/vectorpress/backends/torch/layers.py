@@ -136,13 +136,13 @@ class FusedLinear:
     """`act(x @ weight.T + bias)` on the fastest CPU kernel this build has.
 
     On the CPU, oneDNN with the weight reordered once into its blocked layout, and the
-    activation fused into the GEMM, runs the linear layers of an encoder well above MKL's sgemm
-    behind `F.linear` on AMD CPUs with AVX-512 (MKL picks generic kernels there); on an AVX2-only
-    EPYC it wins only on short passes, so which one runs is planned per model and pass size
-    (`passes.plan_passes`, `onednn_linears`). `_linear_pointwise` is a
-    private op, so anything unexpected (no oneDNN, an op that changed, another device, a dtype
-    the CPU lacks) falls back to `F.linear` plus the activation, and the packed path is
-    checked against that fallback once when it is built.
+    activation fused into the GEMM, can run the linear layers of an encoder well above MKL's sgemm
+    behind `F.linear` on AMD CPUs where MKL picks generic kernels; on an AVX2-only EPYC it won
+    only on short passes and on a Zen 4 with AVX-512 the two ran level, so which one runs is
+    planned per model and pass size (`passes.plan_passes`, `onednn_linears`).
+    `_linear_pointwise` is a private op, so anything unexpected (no oneDNN, an op that changed,
+    another device, a dtype the CPU lacks) falls back to `F.linear` plus the activation, and the
+    packed path is checked against that fallback once when it is built.
 
     Not an nn.Module on purpose: it holds a derived copy of weights that the state dict owns,
     so it is built after loading and after the final `.to(device, dtype)`.

@@ -115,14 +115,15 @@ def plan_passes(
     margin: float = 0.05,
 ) -> PassPlan:
     """Time the model's own forward for a short query and for a mid-sized pass, on oneDNN and
-    on F.linear, on one thread and on all, and keep the fastest of each (oneDNN must win by
-    `margin`: it costs memory). Decided once, at start-up, so that an input gives the same
-    vector every time: the thread count can change the last bits.
+    on F.linear (the short query also on one thread and on all), and keep the fastest of each
+    (oneDNN must win by `margin`: it costs memory). Decided once, at start-up, so that an input
+    gives the same vector every time: the thread count can change the last bits.
 
-    oneDNN on weights reordered once beats MKL's sgemm behind F.linear by up to 2x on CPUs with
-    AVX-512 (MKL takes generic kernels on AMD ones). On an AVX2-only AMD EPYC it ran a 16-token
-    query about 1.3x faster, but larger passes no faster, and there its primitives for every
-    new row count cost resident memory (see `bucket_rows`). Two threads run a short query 1.5x
+    Measured on 2-core AMD EPYCs: on an AVX2-only one, oneDNN on weights reordered once ran a
+    16-token query about 1.3x faster than MKL's sgemm behind F.linear, larger passes no faster,
+    and there its primitives for every new row count cost resident memory (see
+    `bucket_rows`); on a Zen 4 with AVX-512 the two ran a 2,048 x 384 x 1,536 GEMM at 170-175
+    GFLOP/s each, in float32 and, at 400-440, in bfloat16. Two threads run a short query 1.5x
     faster than one on an idle machine, but 10x slower when other processes hold the cores
     (each op's barrier waits for a thread that is not scheduled).
     """
@@ -147,18 +148,21 @@ def plan_passes(
                 times.append(time.perf_counter() - started)
         return min(times[1:])
 
-    def pick(lengths: list[int]) -> tuple[bool, int]:
+    def pick(lengths: list[int], try_one_thread: bool) -> tuple[bool, int]:
         on_onednn = timed(lengths, True, available)
         on_f_linear = timed(lengths, False, available)
         onednn = on_onednn < (1 - margin) * on_f_linear
         best = on_onednn if onednn else on_f_linear
-        if available > 1 and timed(lengths, onednn, 1) < best:
+        if try_one_thread and available > 1 and timed(lengths, onednn, 1) < best:
             return onednn, 1
         return onednn, 0
 
-    small_onednn, small_threads = pick([16])
-    large_onednn, large_threads = pick([64] * 4)
-    return PassPlan(small_onednn, large_onednn, small_threads, large_threads)
+    small_onednn, small_threads = pick([16], try_one_thread=True)
+    # Larger passes keep every thread: they split well, and a start-up that met other work on
+    # the cores timed one thread faster and would have halved the throughput for good (seen
+    # with bfloat16 while a test suite ran beside it).
+    large_onednn, _ = pick([64] * 4, try_one_thread=False)
+    return PassPlan(small_onednn, large_onednn, small_threads, 0)
 
 
 class CpuPasses:

@@ -7,10 +7,10 @@ pass, and a vector would depend on its batch-mates), one per output channel for 
 SmoothQuant's per-channel migration of activation outliers into the weights (alpha 0.5,
 calibrated once at start-up on `data/calibration.txt`): minimum 0.9957 with it, 0.9904 without,
 in the probe that chose it; the recipe as shipped keeps >= 0.9927 on all 1,200 texts of the
-default corpus (tests/perf/test_int8.py). Weights keep 8 bits on CPUs with VNNI (minimum
-0.9957 on those 1,200 texts) and 7 bits elsewhere: on AVX2 without VNNI the kernel sums pairs of
-u8 x s8 products in 16 bits with saturation (255 x 127 x 2 overflows; 255 x 63 x 2 does not),
-and 8-bit weights after smoothing lost more to that than they gained (0.988).
+default corpus with 7-bit weights (tests/perf/test_int8.py). Weights keep 8 bits on CPUs with
+VNNI (minimum 0.9959 on those 1,200 texts) and 7 bits elsewhere: on AVX2 without VNNI the kernel
+sums pairs of u8 x s8 products in 16 bits with saturation (255 x 127 x 2 overflows; 255 x 63 x
+2 does not), and 8-bit weights after smoothing lost more to that than they gained (0.988).
 
 fbgemm over oneDNN's int8 linear: level on large passes, 1.5x faster on a short query, and it
 keeps nothing per input shape (oneDNN's primitives do, see `passes.bucket_rows`)."""
@@ -139,7 +139,7 @@ class Int8Weights:
         # outputs' inputs have low 0.77-0.97, and the lowest cosine to float32 on the corpus
         # rose from 0.9919 with [-1, 1] to 0.9927.
         body = _workspace.take(x.shape[0], shape[-1])
-        torch.mul(x, self.unsmooth, out=body)  # a new tensor: x is often the residual too
+        torch.mul(x, self.unsmooth, out=body)  # not in place: x is often the residual too
         # amax and amin: aminmax over rows ran 10x slower than both together.
         low = body.amin(1, keepdim=True).div_(-self.low)
         scale = torch.maximum(body.amax(1, keepdim=True), low).clamp_min_(1e-12)

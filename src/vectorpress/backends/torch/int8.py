@@ -141,8 +141,8 @@ class Int8Weights:
         body = _workspace.take(x.shape[0], shape[-1])
         torch.mul(x, self.unsmooth, out=body)  # not in place: x is often the residual too
         # amax and amin: aminmax over rows ran 10x slower than both together.
-        low = body.amin(1, keepdim=True).div_(-self.low)
-        scale = torch.maximum(body.amax(1, keepdim=True), low).clamp_min_(1e-12)
+        reach_below = body.amin(1, keepdim=True).div_(-self.low)
+        scale = torch.maximum(body.amax(1, keepdim=True), reach_below).clamp_min_(1e-12)
         body.div_(scale)
         linear = getattr(torch.ops.quantized, _LINEAR)
         y: torch.Tensor = linear(body, self.in_scale, self.in_zero, self.packed)

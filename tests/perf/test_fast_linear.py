@@ -164,26 +164,27 @@ def test_kernels_and_threads_are_planned_by_timing_the_model(
     assert plan(_fallback=slow_f_linear, __call__=slow_on_one_thread) == PassPlan(True, True)
     on_f_linear = plan(__call__=slow_onednn)
     assert (on_f_linear.small_onednn, on_f_linear.large_onednn) == (False, False)
-    # Only short queries may run on one thread: larger passes keep every thread, however
-    # start-up timed them.
-    many = plan(__call__=slow_on_many)
-    assert (many.small_threads, many.large_threads) == (1, 0)
+    assert plan(__call__=slow_on_many).small_threads == 1
 
-    # A pass runs the kernel planned for its size.
-    used: list[bool] = []
+    # A pass runs the kernel and thread count planned for its size; larger passes keep every
+    # thread, however start-up timed them.
+    used: list[tuple[bool, int]] = []
 
     def spy(self, x):  # type: ignore[no-untyped-def]
-        used.append(self.packed is not None and layers._kernel.onednn)
+        used.append((self.packed is not None and layers._kernel.onednn, torch.get_num_threads()))
         return real_call(self, x)
 
     monkeypatch.setattr(FusedLinear, "__call__", spy)
     encodings = _encodings(minilm, mixed_texts(20, seed=2))
-    backend.passes = passes.CpuPasses(plan=PassPlan(small_onednn=True, large_onednn=False))
-    _embed(backend, _encodings(minilm, ["a short query"]))
-    assert used and all(used)
-    used.clear()
-    _embed(backend, encodings)
-    assert used and not any(used)
+    backend.passes = passes.CpuPasses(
+        plan=PassPlan(small_onednn=True, large_onednn=False, small_threads=1)
+    )
+    with passes.num_threads(2):
+        _embed(backend, _encodings(minilm, ["a short query"]))
+        assert used and all(u == (True, 1) for u in used)
+        used.clear()
+        _embed(backend, encodings)
+        assert used and all(u == (False, 2) for u in used)
 
 
 def test_padded_passes_give_the_vectors_of_exact_ones(minilm: Path) -> None:

@@ -131,7 +131,7 @@ class TorchBackend:
             log.info(
                 "CPU passes, as timed here: short ones on %s with %s, larger ones on %s with %s",
                 *("oneDNN" if plan.small_onednn else "F.linear", _threads(plan.small_threads)),
-                *("oneDNN" if plan.large_onednn else "F.linear", _threads(plan.large_threads)),
+                *("oneDNN" if plan.large_onednn else "F.linear", _threads(0)),
             )
         elif callable(fuse):
             fuse()

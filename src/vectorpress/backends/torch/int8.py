@@ -109,6 +109,7 @@ class Int8Weights:
     scaled into: [-low, 1], quantized to u8 on `in_scale` and `in_zero`."""
 
     packed: Any  # fbgemm's prepacked weight (a torch script object)
+    linear: Any  # fbgemm's int8 linear (`_LINEAR`), looked up once
     unsmooth: torch.Tensor
     low: float
     in_scale: float
@@ -126,7 +127,10 @@ class Int8Weights:
             packed = torch.ops.quantized.linear_prepack(q, None)
         low = row_range(low)
         in_scale = (1 + low) / 255
-        return cls(packed, (1.0 / smooth).contiguous(), low, in_scale, round(low / in_scale))
+        linear = getattr(torch.ops.quantized, _LINEAR)
+        return cls(
+            packed, linear, (1.0 / smooth).contiguous(), low, in_scale, round(low / in_scale)
+        )
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """`x @ weight.T + bias`, with each row of `x` quantized on its own scale."""
@@ -144,8 +148,7 @@ class Int8Weights:
         reach_below = body.amin(1, keepdim=True).div_(-self.low)
         scale = torch.maximum(body.amax(1, keepdim=True), reach_below).clamp_min_(1e-12)
         body.div_(scale)
-        linear = getattr(torch.ops.quantized, _LINEAR)
-        y: torch.Tensor = linear(body, self.in_scale, self.in_zero, self.packed)
+        y: torch.Tensor = self.linear(body, self.in_scale, self.in_zero, self.packed)
         y = y.mul_(scale) if bias is None else torch.addcmul(bias, y, scale, out=y)
         return y.view(*shape[:-1], y.shape[-1])
 

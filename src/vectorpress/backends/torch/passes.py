@@ -106,12 +106,12 @@ def num_threads(n: int) -> Iterator[None]:
 @dataclass(frozen=True)
 class PassPlan:
     """How CPU passes run, for short ones (under SMALL_PASS_TOKENS) and for the rest: on oneDNN
-    or on F.linear, and on how many intra-op threads (0: the caller's count)."""
+    or on F.linear; short ones also on how many intra-op threads (0: the caller's count; larger
+    passes always take the caller's count, see plan_passes)."""
 
     small_onednn: bool
     large_onednn: bool
     small_threads: int = 0
-    large_threads: int = 0
 
 
 def plan_passes(
@@ -170,7 +170,7 @@ def plan_passes(
     # the cores timed one thread faster and would have halved the throughput for good (seen
     # with bfloat16 while a test suite ran beside it).
     large_onednn, _ = pick([64] * 4, try_one_thread=False)
-    return PassPlan(small_onednn, large_onednn, small_threads, 0)
+    return PassPlan(small_onednn, large_onednn, small_threads)
 
 
 class CpuPasses:
@@ -228,7 +228,7 @@ class CpuPasses:
                 torch.cat([t, t.new_zeros(pad)]) for t in (input_ids, token_type_ids, position_ids)
             )
             seqs = seqs.with_filler(rows)
-        threads = (plan.small_threads if small else plan.large_threads) or torch.get_num_threads()
+        threads = (plan.small_threads if small else 0) or torch.get_num_threads()
         with num_threads(threads), onednn_linears(onednn):
             out = encoder(input_ids, token_type_ids, position_ids, seqs)
         return out if rows == tokens else out[:tokens]

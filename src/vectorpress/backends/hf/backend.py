@@ -17,7 +17,7 @@ import torch
 
 from vectorpress.backends.torch.attention import PackedSequences
 from vectorpress.backends.torch.heads import load_dense
-from vectorpress.backends.torch.pooling import pool, splade_pool
+from vectorpress.backends.torch.pooling import pool, rows_of, splade_block_rows, splade_pool
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec
 from vectorpress.types import Batch, BatchOutput
@@ -124,8 +124,9 @@ class HFBackend:
         hidden: torch.Tensor | None = None
         if self.spec.is_splade:
             if which:
-                logits = self._packed(out.logits, inputs)
-                pooled = splade_pool(lambda x: x, logits, seqs, which).float().cpu().numpy()
+                logits, lengths = rows_of(self._packed(out.logits, inputs), seqs, which)
+                blocks = splade_block_rows(logits.shape[1])
+                pooled = splade_pool(lambda x: x, logits, lengths, blocks).cpu().numpy()
             if want_states:
                 hidden = self._packed(out.hidden_states[-1], inputs)
         else:

@@ -20,7 +20,13 @@ from vectorpress.backends.torch.int8 import (
 from vectorpress.backends.torch.layers import onednn_supported
 from vectorpress.backends.torch.loader import load_state_dict, remap, strict_load
 from vectorpress.backends.torch.passes import CPU_PASS_TOKENS, CpuPasses, PassPlan, plan_passes
-from vectorpress.backends.torch.pooling import last_non_pad_rows, pool, splade_pool
+from vectorpress.backends.torch.pooling import (
+    last_non_pad_rows,
+    pool,
+    rows_of,
+    splade_block_rows,
+    splade_pool,
+)
 from vectorpress.backends.torch.registry import Architecture, lookup
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec
@@ -135,6 +141,8 @@ class TorchBackend:
             )
         elif callable(fuse):
             fuse()
+        if isinstance(model.head, MLMHead) and device == "cpu":
+            model.head.fuse()
         self.model = model
         self.varlen, why = varlen_usable(device, torch_dtype)
         log.info("attention: %s (%s)", "varlen_attn" if self.varlen else "sdpa", why)
@@ -178,8 +186,12 @@ class TorchBackend:
         which = list(batch.pooled_indices)
         if which:
             if self.spec.is_splade:
-                assert self.model.head is not None
-                vectors = splade_pool(self.model.head, hidden, seqs, which)
+                head = self.model.head
+                assert isinstance(head, MLMHead)
+                rows, lengths = rows_of(hidden, seqs, which)
+                blocks = splade_block_rows(head.decoder.out_features)
+                states = head.transform(rows)
+                vectors = splade_pool(head.vocab_scores, states, lengths, blocks, head.bias)
             else:
                 assert self.spec.pooling is not None
                 vectors = pool(hidden, seqs, self.spec.pooling, which).float()

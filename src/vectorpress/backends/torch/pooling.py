@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -54,20 +57,64 @@ def last_non_pad_rows(
     return rows
 
 
-def splade_pool(
-    logits_fn,
-    hidden: torch.Tensor,
-    seqs: PackedSequences,
-    which: list[int],
-) -> torch.Tensor:
-    """max over tokens of log(1 + relu(MLM logits)), one sequence at a time.
+# Scores per block of SPLADE pooling: 128 rows of a 30,522-token vocabulary, 16 MB in float32,
+# within the L3 cache that the max reads them back from. On SPLADE-tiny blocks of 64-256 rows
+# ran level, 512 rows 0.7x.
+SPLADE_BLOCK_SCORES = 128 * 32768
 
-    Vocabulary-sized logits for a whole batch would be tokens x 30k floats; per sequence they
-    stay small.
+
+def splade_block_rows(vocab: int) -> int:
+    """Rows per block for a vocabulary of `vocab`: a multiple of 16, at least 16."""
+    return max(16, SPLADE_BLOCK_SCORES // max(vocab, 1) // 16 * 16)
+
+
+def rows_of(
+    hidden: torch.Tensor, seqs: PackedSequences, which: list[int]
+) -> tuple[torch.Tensor, list[int]]:
+    """The rows of the sequences in `which`, one after another, and their lengths."""
+    lengths = [seqs.lengths[i] for i in which]
+    if which == list(range(seqs.size)):
+        return hidden, lengths
+    index = torch.cat(
+        [torch.arange(seqs.starts[i], seqs.starts[i] + seqs.lengths[i]) for i in which]
+    )
+    return hidden[index.to(hidden.device)], lengths
+
+
+def splade_pool(
+    scores: Callable[[torch.Tensor], torch.Tensor],
+    rows: torch.Tensor,
+    lengths: list[int],
+    block_rows: int,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """For each sequence (`lengths[i]` rows of `rows`, one after another), the max over its
+    tokens of log(1 + relu(scores(token) + bias)).
+
+    log(1 + relu(x)) never decreases and the bias shifts every token's score alike, so the max
+    is taken over the bare scores and the rest applied once per sequence: vocabulary-sized
+    elementwise work per text, not per token. `rows` go through `scores` in blocks of
+    `block_rows` across sequence bounds: one GEMM for many short texts, and never a whole
+    batch's tokens x vocabulary at once.
     """
-    out = []
-    for i in which:
-        s, n = seqs.starts[i], seqs.lengths[i]
-        logits = logits_fn(hidden[s : s + n]).float()
-        out.append(torch.log1p(torch.relu(logits)).amax(0))
-    return torch.stack(out)
+    total = rows.shape[0]
+    bounds = [0, *itertools.accumulate(lengths)]
+    assert bounds[-1] == total, (bounds[-1], total)
+    best: torch.Tensor | None = None
+    seq = 0
+    for start in range(0, total, block_rows):
+        end = min(start + block_rows, total)
+        block = scores(rows[start:end])
+        if best is None:
+            best = block.new_full((len(lengths), block.shape[1]), float("-inf"))
+        while seq < len(lengths) and bounds[seq] < end:
+            lo, hi = max(bounds[seq], start), min(bounds[seq + 1], end)
+            if hi > lo:
+                torch.maximum(best[seq], block[lo - start : hi - start].amax(0), out=best[seq])
+            if bounds[seq + 1] > end:
+                break  # the sequence goes on in the next block
+            seq += 1
+    assert best is not None, "no tokens to pool"
+    if bias is not None:
+        best += bias
+    return torch.log1p(torch.relu(best.float()))

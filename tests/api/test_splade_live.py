@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -103,3 +104,13 @@ def test_roberta_family_splade_matches_sparse_encoder(
         np.testing.assert_allclose(vectors, want, atol=1e-5)
         sparse = post(srv, "/embed_sparse", {"inputs": "a"}).json()
         np.testing.assert_allclose(dense(sparse[0]), want[1], atol=1e-5)
+
+
+def test_values_carry_float32_digits(splade_server: LiveServer) -> None:
+    """Each value is written with float32's shortest digits, as TEI writes its f32 values, not
+    the 17 digits of the same number widened to a double."""
+    response = post(splade_server, "/embed_sparse", {"inputs": QUERY})
+    assert response.status_code == 200
+    written = re.findall(r'"value":([^,}]+)', response.text)
+    assert len(written) > 10
+    assert all(w == str(np.float32(w)) for w in written), written[:5]

@@ -59,8 +59,10 @@ async def run_embed_sparse(state: AppState, body: EmbedSparseRequest) -> tuple[A
         direction=to_truncation(body.truncation_direction),
         prompt_name=body.prompt_name,
     )
+    # Values stay float32 scalars: they serialize with float32's shortest digits, as TEI's f32
+    # values do (a Python float would print the widened double's 17).
     payload = [
-        [{"index": int(i), "value": float(v)} for i, v in zip(idx, val, strict=True)]
+        [{"index": i, "value": v} for i, v in zip(idx.tolist(), val, strict=True)]
         for idx, val in result.values
     ]
     return payload, result

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vectorpress.backends.torch import attention
 from vectorpress.backends.torch.attention import (
     PackedSequences,
+    banded_from,
     packed_attention,
     reference_attention,
 )
@@ -66,3 +68,34 @@ def test_a_filler_sequence_is_a_sequence_of_its_own() -> None:
     torch.testing.assert_close(
         padded[:13], reference_attention(q[:13], k[:13], v[:13], real), atol=1e-5, rtol=1e-5
     )
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window", [4, 7, 16])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_long_local_attention_in_blocks_matches_reference(
+    causal: bool, window: int, kv_heads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sequences long enough for the blocked path (some of one length, one of several blocks
+    plus a remainder, one exactly at the threshold) and short ones, in one pass."""
+    torch.manual_seed(0)
+    start = banded_from(window)
+    lengths = [start + 37, 9, start, start + 37, 3 * start + 5, 40]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    seqs = PackedSequences(cu, max(lengths))
+    total = sum(lengths)
+    q = torch.randn(total, 4, 8)
+    k = torch.randn(total, kv_heads, 8)
+    v = torch.randn(total, kv_heads, 8)
+    blocked: list[int] = []
+    real = attention._banded
+
+    def spy(q: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        blocked.append(q.shape[2])
+        return real(q, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(attention, "_banded", spy)
+    fast = packed_attention(q, k, v, seqs, causal=causal, window=window)
+    slow = reference_attention(q, k, v, seqs, causal=causal, window=window)
+    torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+    assert sorted(blocked) == sorted({n for n in lengths if n >= start})

@@ -150,6 +150,10 @@ def packed_attention(
         qg = qg.reshape(n, L, n_heads, -1).transpose(1, 2)
         kg = kg.reshape(n, L, kv_heads, -1).transpose(1, 2)
         vg = vg.reshape(n, L, kv_heads, -1).transpose(1, 2)
+        if window is not None and bias is None and banded_from(window) <= L:
+            o = _banded(qg, kg, vg, window // 2, causal=causal, scale=scale, gqa=gqa)
+            out_rows(out, group, o.transpose(1, 2).reshape(n * L, n_heads, -1))
+            continue
         mask = _with_bias(_mask(L, causal, window, q.device), bias, L, causal, q.dtype)
         o = F.scaled_dot_product_attention(
             qg,
@@ -160,12 +164,86 @@ def packed_attention(
             scale=scale,
             enable_gqa=gqa,
         )
-        o = o.transpose(1, 2).reshape(n * L, n_heads, -1)
-        if group.index is None:
-            out[group.start : group.start + L] = o
-        else:
-            out[group.index] = o
+        out_rows(out, group, o.transpose(1, 2).reshape(n * L, n_heads, -1))
     return out
+
+
+def out_rows(out: torch.Tensor, group: LengthGroup, rows: torch.Tensor) -> None:
+    """Write a group's attention output back to its sequences' token rows."""
+    if group.index is None:
+        out[group.start : group.start + group.length] = rows
+    else:
+        out[group.index] = rows
+
+
+def banded_from(window: int) -> int:
+    """The sequence length from which local attention runs in blocks (`_banded`).
+
+    Measured on 4,096-token passes of equal lengths (12 heads of 64, window 128): one masked
+    call 48 ms at 512 tokens against 39 in blocks, 220 against 42 at 2,048, 2,275 against 86
+    at 8,192; level at 384, slower below. With window 16 (4 heads of 16) blocks won from 128.
+    """
+    return max(4 * _block(window), 128)
+
+
+def _block(window: int) -> int:
+    return max(window, 16)
+
+
+def _banded(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    half: int,
+    *,
+    causal: bool,
+    scale: float | None,
+    gqa: bool,
+) -> torch.Tensor:
+    """Attention of tokens on the tokens within `half` of them (and before them only, if
+    `causal`), for `(n, heads, L, dim)` inputs, in blocks of queries, each on the keys its
+    block can reach: L x (block + 2 x half) scores instead of L x L.
+
+    With one masked SDPA call over the whole sequence, a ModernBERT local layer (window 128) on
+    an 8,192-token text took longer than a global one (2.2 s against 1.5 s a layer, and 1.4 GB
+    for the mask and its index arithmetic); in blocks it is a few percent of that.
+    """
+    n, heads, length, dim = q.shape
+    kv_heads = k.shape[1]
+    block = _block(2 * half)
+    blocks = -(-length // block)
+    span = block + 2 * half
+    padded = blocks * block
+    # Queries in blocks: (n * blocks, heads, block, dim).
+    qb = F.pad(q, (0, 0, 0, padded - length))
+    qb = qb.view(n, heads, blocks, block, dim).transpose(1, 2).reshape(-1, heads, block, dim)
+
+    def windows(t: torch.Tensor) -> torch.Tensor:
+        # Keys from `half` before each block to `half` after it: (n * blocks, kv, span, dim).
+        t = F.pad(t, (0, 0, half, padded - length + half))
+        t = t.unfold(2, span, block)  # (n, kv, blocks, dim, span)
+        return t.permute(0, 2, 1, 4, 3).reshape(-1, kv_heads, span, dim)
+
+    # Key j of block b sits at b * block - half + j; query i at b * block + i.
+    i = torch.arange(block, device=q.device).unsqueeze(1)
+    j = torch.arange(span, device=q.device).unsqueeze(0)
+    dist = j - half - i
+    near = dist.abs() <= half
+    if causal:
+        near &= dist <= 0
+    start = torch.arange(blocks, device=q.device).view(blocks, 1, 1) * block
+    key_pos = start - half + j
+    query_pos = start + i
+    # Padding keys are never seen; padding queries (dropped after) see everything, so that
+    # no row is empty.
+    mask = (near & (key_pos >= 0) & (key_pos < length)) | (query_pos >= length)
+    mask = mask.unsqueeze(1).expand(blocks, 1, block, span)
+    mask = mask.unsqueeze(0).expand(n, -1, -1, -1, -1).reshape(-1, 1, block, span)
+    o = F.scaled_dot_product_attention(
+        qb, windows(k), windows(v), attn_mask=mask, scale=scale, enable_gqa=gqa
+    )
+    o = o.view(n, blocks, heads, block, dim).transpose(1, 2).reshape(n, heads, padded, dim)
+    return o[:, :, :length]
 
 
 def varlen_usable(device: str, dtype: torch.dtype) -> tuple[bool, str]:

@@ -76,29 +76,27 @@ class MLMHead(nn.Module):
     ) -> None:
         super().__init__()
         self.dense = nn.Linear(hidden, hidden, bias=dense_bias)
-        self.act_name = act
         self.act = activation(act)
         self.layer_norm = nn.LayerNorm(hidden, eps=eps, bias=norm_bias)
         self.decoder = nn.Linear(hidden, vocab, bias=False)
         self.bias = nn.Parameter(torch.zeros(vocab)) if decoder_bias else None
-        self._dense: FusedLinear | None = None
         self._decoder: FusedLinear | None = None
 
     def fuse(self) -> None:
-        """Both GEMMs on FusedLinear (oneDNN on weights reordered once, where this CPU has it).
+        """The vocabulary projection on FusedLinear (oneDNN on the weight reordered once, where
+        this CPU has it). Called once the weights are final and on their device and dtype.
 
-        The vocabulary projection is most of a small SPLADE model's work (SPLADE-tiny: 7.8 of
-        8.6 MFLOP per token) and its shape, a short input against 30,522 outputs, is one where
-        MKL's sgemm behind F.linear ran at half oneDNN's speed on a Zen 4 (128 x 30,522 from
-        128, 384 or 768 inputs, 16-512 rows: 83-110 GFLOP/s against 137-219). Called once the
-        weights are final and on their device and dtype.
+        It is most of a small SPLADE model's work (SPLADE-tiny: 7.8 of 8.6 MFLOP per token), and
+        its shape, a short input against 30,522 outputs, is one where MKL's sgemm behind
+        F.linear ran at half oneDNN's speed on a Zen 4 (16-512 rows of 128, 384 or 768 inputs:
+        83-110 GFLOP/s against 137-219). The dense layer before it stays on F.linear: it runs
+        on a whole batch's row count, and oneDNN would keep a primitive for every count met
+        (see passes.bucket_rows), for a GEMM hidden / vocabulary of its size (1/40-1/240).
         """
-        self._dense = FusedLinear.of(self.dense, self.act_name)
         self._decoder = FusedLinear.of(self.decoder)
 
     def transform(self, hidden: torch.Tensor) -> torch.Tensor:
-        x = self._dense(hidden) if self._dense is not None else self.act(self.dense(hidden))
-        out: torch.Tensor = self.layer_norm(x)
+        out: torch.Tensor = self.layer_norm(self.act(self.dense(hidden)))
         return out
 
     def vocab_scores(self, x: torch.Tensor) -> torch.Tensor:

@@ -15,12 +15,11 @@ from vectorpress.backends.torch.attention import (
 from vectorpress.backends.torch.pooling import pool
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("window", [None, 4])
-@pytest.mark.parametrize("kv_heads", [4, 2])
-def test_packed_matches_reference(causal: bool, window: int | None, kv_heads: int) -> None:
-    torch.manual_seed(0)
-    lengths = [5, 3, 5, 1, 8, 3]
+def _check_against_reference(
+    lengths: list[int], kv_heads: int, causal: bool, window: int | None
+) -> None:
+    """Random q, k, v for packed sequences of `lengths`, 4 query heads of 8: the packed path
+    against one explicit softmax per sequence."""
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     seqs = PackedSequences(cu, max(lengths))
     total = sum(lengths)
@@ -30,6 +29,15 @@ def test_packed_matches_reference(causal: bool, window: int | None, kv_heads: in
     fast = packed_attention(q, k, v, seqs, causal=causal, window=window)
     slow = reference_attention(q, k, v, seqs, causal=causal, window=window)
     torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window", [None, 4])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_packed_matches_reference(causal: bool, window: int | None, kv_heads: int) -> None:
+    torch.manual_seed(0)
+    lengths = [5, 3, 5, 1, 8, 3]
+    _check_against_reference(lengths, kv_heads, causal, window)
 
 
 def test_pooling_methods_on_packed_states() -> None:
@@ -81,12 +89,6 @@ def test_long_local_attention_in_blocks_matches_reference(
     torch.manual_seed(0)
     start = banded_from(window)
     lengths = [start + 37, 9, start, start + 37, 3 * start + 5, 40]
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-    seqs = PackedSequences(cu, max(lengths))
-    total = sum(lengths)
-    q = torch.randn(total, 4, 8)
-    k = torch.randn(total, kv_heads, 8)
-    v = torch.randn(total, kv_heads, 8)
     blocked: list[int] = []
     real = attention._banded
 
@@ -95,7 +97,5 @@ def test_long_local_attention_in_blocks_matches_reference(
         return real(q, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(attention, "_banded", spy)
-    fast = packed_attention(q, k, v, seqs, causal=causal, window=window)
-    slow = reference_attention(q, k, v, seqs, causal=causal, window=window)
-    torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+    _check_against_reference(lengths, kv_heads, causal, window)
     assert sorted(blocked) == sorted({n for n in lengths if n >= start})

@@ -45,15 +45,19 @@ def export_encoder(
 ) -> Path:
     """Trace transformers' model into `graph`.
 
-    Embedding models give `last_hidden_state`; classifiers and rerankers (`kind` other than
-    embedding) their sequence-classification head's `logits`. `token_type_ids` is an input only
-    where the architecture takes one.
+    Embedding models (SPLADE ones too: their head runs outside the graph) give
+    `last_hidden_state`; classifiers and rerankers their sequence-classification head's
+    `logits`; `mlm` the masked-LM head's `logits` for every token (a SPLADE graph as other
+    exporters write one). `token_type_ids` is an input only where the architecture takes one.
     """
-    from transformers import AutoModel, AutoModelForSequenceClassification
+    from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
 
-    auto = AutoModel if kind == "embedding" else AutoModelForSequenceClassification
+    auto = {"embedding": AutoModel, "mlm": AutoModelForMaskedLM}.get(
+        kind, AutoModelForSequenceClassification
+    )
     model = auto.from_pretrained(str(model_folder), attn_implementation="eager").eval()
     output = "last_hidden_state" if kind == "embedding" else "logits"
+    per_token = kind in ("embedding", "mlm")
     names = [n for n in GRAPH_INPUTS if n in inspect.signature(model.forward).parameters]
 
     class Graph(torch.nn.Module):
@@ -67,7 +71,7 @@ def export_encoder(
     ids = torch.ones(2, 7, dtype=torch.long)
     example = {"input_ids": ids, "attention_mask": ids, "token_type_ids": torch.zeros_like(ids)}
     axes = {name: {0: "batch", 1: "sequence"} for name in names}
-    axes[output] = {0: "batch"} if output == "logits" else {0: "batch", 1: "sequence"}
+    axes[output] = {0: "batch", 1: "sequence"} if per_token else {0: "batch"}
     graph.parent.mkdir(parents=True, exist_ok=True)
     torch.onnx.export(
         Graph(),
@@ -166,7 +170,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", type=Path)
     ap.add_argument("out", type=Path)
-    ap.add_argument("--kind", choices=("embedding", "classifier"), default="embedding")
+    ap.add_argument("--kind", choices=("embedding", "classifier", "mlm"), default="embedding")
     args = ap.parse_args()
     graph = export_encoder(args.model, args.out / "graph" / "model.onnx", kind=args.kind)
     print(servable_folder(args.model, graph, args.out))

@@ -23,11 +23,9 @@ from vectorpress.backends.torch.passes import CPU_PASS_TOKENS, CpuPasses, PassPl
 from vectorpress.backends.torch.pooling import (
     last_non_pad_rows,
     pool,
-    rows_of,
-    splade_block_rows,
-    splade_pool,
+    splade_vectors,
 )
-from vectorpress.backends.torch.registry import Architecture, lookup
+from vectorpress.backends.torch.registry import Architecture, HeadRules, lookup
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec
 from vectorpress.types import Batch, BatchOutput
@@ -52,41 +50,69 @@ class ServedModel(nn.Module):
         self.head = head
 
 
-def build_model(spec: ModelSpec, arch: Architecture) -> ServedModel:
-    """Build the module tree for `spec` and load its checkpoint strictly."""
+def build_head(spec: ModelSpec, arch: Architecture) -> tuple[nn.Module | None, HeadRules | None]:
+    """The head the served task needs (none for dense embeddings), untrained, and its rules."""
     cfg = spec.config
     hidden = spec.hidden_size
-    head: nn.Module | None = None
-    head_rules = None
     if spec.kind in ("classifier", "reranker"):
         if arch.classifier is None:
             raise StartupError(f"{spec.architecture} has no classification head in vectorpress")
-        head_rules = arch.classifier
-        head = ClassificationHead(hidden, spec.num_labels, **head_rules.head_options(cfg))
-    elif spec.is_splade:
+        rules = arch.classifier
+        return ClassificationHead(hidden, spec.num_labels, **rules.head_options(cfg)), rules
+    if spec.is_splade:
         if arch.mlm is None:
             raise StartupError(f"{spec.architecture} has no masked-LM head for SPLADE")
-        head_rules = arch.mlm
+        rules = arch.mlm
         opts = {
             "act": cfg.get("hidden_act") or cfg.get("activation") or "gelu",
             "eps": cfg.get("layer_norm_eps", 1e-12),
         }
-        head = MLMHead(hidden, cfg["vocab_size"], **{**opts, **head_rules.overrides(cfg)})
-    model = ServedModel(arch.build_encoder(cfg), head)
+        return MLMHead(hidden, cfg["vocab_size"], **{**opts, **rules.overrides(cfg)}), rules
+    return None, None
 
+
+def _checkpoint(
+    spec: ModelSpec, arch: Architecture, rules: HeadRules | None
+) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors under the served model's names: `encoder.*` and `head.*`."""
     state = load_state_dict(spec.path)
     strip = tuple((f"^{re.escape(p)}", "") for p in arch.base_prefixes)
     state = remap(state, strip)
-    rules = list(head_rules.rules if head_rules else ())
-    rules += [(pattern, None) for pattern in arch.ignore]
-    state = remap(state, rules, default_prefix="encoder.")
+    renames = list(rules.rules if rules else ())
+    renames += [(pattern, None) for pattern in arch.ignore]
+    return remap(state, renames, default_prefix="encoder.")
+
+
+def build_model(spec: ModelSpec, arch: Architecture) -> ServedModel:
+    """Build the module tree for `spec` and load its checkpoint strictly."""
+    head, rules = build_head(spec, arch)
+    model = ServedModel(arch.build_encoder(spec.config), head)
     strict_load(
         model,
-        state,
+        _checkpoint(spec, arch, rules),
         what=f"{spec.architecture} from {spec.path}",
-        tied=dict(head_rules.tied) if head_rules else None,
+        tied=dict(rules.tied) if rules else None,
     )
     return model
+
+
+def load_head(spec: ModelSpec) -> nn.Module:
+    """The served task's head alone, loaded strictly: for backends that run the encoder
+    elsewhere (ONNX Runtime) and the head here."""
+    arch = lookup(spec.model_type)
+    if arch is None:
+        raise StartupError(f"model_type {spec.model_type!r} has no native head in vectorpress")
+    head, rules = build_head(spec, arch)
+    if head is None or rules is None:
+        raise StartupError(f"{spec.architecture}: the served task has no head")
+    state = _checkpoint(spec, arch, rules)
+    # A tied weight lives under the encoder's name only: the head takes it from there.
+    for key, source in rules.tied:
+        if key not in state and source in state:
+            state[key] = state[source]
+    own = {k.removeprefix("head."): v for k, v in state.items() if k.startswith("head.")}
+    strict_load(head, own, what=f"the head of {spec.architecture} from {spec.path}")
+    return head
 
 
 def _threads(n: int) -> str:
@@ -186,12 +212,8 @@ class TorchBackend:
         which = list(batch.pooled_indices)
         if which:
             if self.spec.is_splade:
-                head = self.model.head
-                assert isinstance(head, MLMHead)
-                rows, lengths = rows_of(hidden, seqs, which)
-                blocks = splade_block_rows(head.decoder.out_features)
-                states = head.transform(rows)
-                vectors = splade_pool(head.vocab_scores, states, lengths, blocks, head.bias)
+                assert isinstance(self.model.head, MLMHead)
+                vectors = splade_vectors(self.model.head, hidden, seqs, which)
             else:
                 assert self.spec.pooling is not None
                 vectors = pool(hidden, seqs, self.spec.pooling, which).float()

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from vectorpress.backends.torch.attention import PackedSequences
+from vectorpress.backends.torch.heads import MLMHead
 
 
 def pool(
@@ -118,3 +119,12 @@ def splade_pool(
     if bias is not None:
         best += bias
     return torch.log1p(torch.relu(best.float()))
+
+
+def splade_vectors(
+    head: MLMHead, hidden: torch.Tensor, seqs: PackedSequences, which: list[int]
+) -> torch.Tensor:
+    """SPLADE vectors of the sequences in `which` from the encoder's packed hidden states."""
+    rows, lengths = rows_of(hidden, seqs, which)
+    blocks = splade_block_rows(head.decoder.out_features)
+    return splade_pool(head.vocab_scores, head.transform(rows), lengths, blocks, head.bias)

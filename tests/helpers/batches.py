@@ -4,7 +4,8 @@ server's pipeline around it."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from types import SimpleNamespace
+from typing import Any, Protocol
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -46,3 +47,16 @@ def assert_quantized_close(got: np.ndarray, want: np.ndarray, what: str) -> None
     """`got` (a quantized path's vectors) within cosine 0.99 of `want`, and not equal to it."""
     assert not np.allclose(got, want, atol=1e-4), f"{what}: not quantized at all"
     assert_close_vectors(got, want, min_cos=0.99, what=what)
+
+
+def graph_runs(backend: Any) -> list[tuple[int, ...]]:
+    """The `input_ids` shape of every graph run an OnnxBackend makes from now on."""
+    shapes: list[tuple[int, ...]] = []
+    run = backend.session.run
+
+    def watched(names: Any, feeds: dict[str, np.ndarray]) -> Any:
+        shapes.append(feeds["input_ids"].shape)
+        return run(names, feeds)
+
+    backend.session = SimpleNamespace(run=watched)
+    return shapes

@@ -8,7 +8,6 @@ import os
 import random
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -16,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers.batches import graph_runs
 from tests.helpers.reference import assert_close_vectors, vp_embed
 from tests.helpers.server import LiveServer
 from tests.helpers.texts import mixed_texts
@@ -219,14 +219,7 @@ def test_a_large_batch_runs_as_passes_of_at_most_pass_tokens(
     folder = tiny_bert_family("bert", "embedding", "mean")
     settings = Settings(model_id=str(folder), backend="onnx", huggingface_hub_cache=str(tmp_path))
     backend = OnnxBackend(load_model_spec(folder, settings), settings)
-    shapes: list[tuple[int, ...]] = []
-    run = backend.session.run
-
-    def watched(names: Any, feeds: dict[str, np.ndarray]) -> Any:
-        shapes.append(feeds["input_ids"].shape)
-        return run(names, feeds)
-
-    backend.session = SimpleNamespace(run=watched)  # type: ignore[assignment]
+    shapes = graph_runs(backend)
     encodings = [
         Encoding(ids=[101] + [2000 + i] * 98 + [102], type_ids=[0] * 100) for i in range(50)
     ]

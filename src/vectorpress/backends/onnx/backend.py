@@ -248,6 +248,14 @@ class OnnxBackend:
             assert isinstance(head, MLMHead)
             head.eval().fuse()
             self.mlm_head = head
+        elif spec.is_splade:
+            shape = next(o.shape for o in self.session.get_outputs() if o.name == self.output)
+            vocab = shape[-1] if shape else None
+            if len(shape) != 3 or (isinstance(vocab, int) and vocab != spec.vocab_size):
+                raise StartupError(
+                    f"{self.path}: its logits have shape {shape}; SPLADE needs every token's "
+                    f"scores over the vocabulary: (batch, sequence, {spec.vocab_size})"
+                )
         log.info("onnx graph %s, providers %s", self.path, self.session.get_providers())
 
     def _run(self, batch: Batch, group: list[int]) -> np.ndarray:
@@ -276,7 +284,7 @@ class OnnxBackend:
         if self.spec.is_splade and self.mlm_head is None:
             return BatchOutput(self._splade_from_logits(batch), [])
         hidden, seqs = self._hidden(batch)
-        if self.mlm_head is not None:
+        if self.mlm_head is not None and batch.pooled_indices:
             # The vocabulary projection is most of a small SPLADE model's work: on all threads
             # for a batch (SPLADE-tiny, 32-text requests x 4 in flight over HTTP: 83-91 texts/s
             # against 54-56 on one), on one for a short input, whose next graph run would meet

@@ -220,6 +220,7 @@ class OnnxBackend:
         except Exception as exc:  # onnxruntime raises its own exception types
             raise StartupError(f"cannot load {self.path}: {exc}") from exc
         self.inputs = {i.name for i in self.session.get_inputs()}
+        self.single_token_type = int(spec.config.get("type_vocab_size") or 2) == 1
         missing = {"input_ids", "attention_mask"} - self.inputs
         if missing:
             raise StartupError(f"{self.path} lacks the inputs {sorted(missing)}")
@@ -260,6 +261,10 @@ class OnnxBackend:
 
     def _run(self, batch: Batch, group: list[int]) -> np.ndarray:
         feeds = {k: v for k, v in padded_feeds(batch, group).items() if k in self.inputs}
+        if self.single_token_type and "token_type_ids" in feeds:
+            # As the other backends: a pair's second segment would index past RoBERTa's single
+            # token type embedding (a tokenizer with BERT's pair template writes type 1 there).
+            feeds["token_type_ids"].fill(0)
         return np.asarray(self.session.run([self.output], feeds)[0])
 
     def _hidden(self, batch: Batch) -> tuple[torch.Tensor, PackedSequences]:

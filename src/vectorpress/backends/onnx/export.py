@@ -21,9 +21,10 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -73,17 +74,42 @@ def export_encoder(
     axes = {name: {0: "batch", 1: "sequence"} for name in names}
     axes[output] = {0: "batch", 1: "sequence"} if per_token else {0: "batch"}
     graph.parent.mkdir(parents=True, exist_ok=True)
-    torch.onnx.export(
-        Graph(),
-        tuple(example[n] for n in names),
-        str(graph),
-        input_names=names,
-        output_names=[output],
-        dynamic_axes=axes,
-        dynamo=False,
-        opset_version=opset,
-    )
+    with _masks_by_broadcasting():
+        torch.onnx.export(
+            Graph(),
+            tuple(example[n] for n in names),
+            str(graph),
+            input_names=names,
+            output_names=[output],
+            dynamic_axes=axes,
+            dynamo=False,
+            opset_version=opset,
+        )
     return graph
+
+
+@contextlib.contextmanager
+def _masks_by_broadcasting() -> Iterator[None]:
+    """transformers builds attention masks that deviate from plain causal ones (Gemma 3's
+    bidirectional sliding windows, as EmbeddingGemma's) with torch.vmap, which the TorchScript
+    exporter cannot trace ("unordered_map::at"). Their mask functions are index arithmetic that
+    broadcasts as well, so while exporting they are evaluated that way: the graph is checked
+    against transformers' own outputs in the tests."""
+    try:
+        from transformers import masking_utils
+    except ImportError:  # older transformers: no such masks
+        yield
+        return
+    original = masking_utils.sdpa_mask
+
+    def broadcast(*args: Any, **kwargs: Any) -> Any:
+        return original(*args, **{**kwargs, "use_vmap": False})
+
+    masking_utils.sdpa_mask = broadcast
+    try:
+        yield
+    finally:
+        masking_utils.sdpa_mask = original
 
 
 def fingerprint(model_folder: Path, kind: str) -> str:

@@ -47,7 +47,7 @@ def main() -> None:
     tokens = sum(len(e) for e in encs)
     spec = load_model_spec(model, Settings(model_id=str(model)))
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    print(f"{name}: {n} texts, {tokens} tokens")
+    print(f"{name}: {n} texts, {tokens} tokens; model {model}")
 
     def batches(budget: int) -> list[Batch]:
         out, cur, used = [], [], 0

@@ -66,3 +66,18 @@ def transformers_logits(
                 kwargs["token_type_ids"] = torch.tensor([enc.type_ids])
             out.append(model(**kwargs).logits[0].numpy())
     return np.stack(out)
+
+
+def transformers_splade(folder: Path, texts: Sequence[str], *, max_length: int = 512) -> np.ndarray:
+    """SPLADE from AutoModelForMaskedLM: the max over tokens of log(1 + ReLU(logits))."""
+    from transformers import AutoModelForMaskedLM
+
+    tok = _tokenizer(folder, max_length)
+    model = AutoModelForMaskedLM.from_pretrained(str(folder)).eval()
+    out = []
+    with torch.no_grad():
+        for text in texts:
+            ids = torch.tensor([tok.encode(text).ids])
+            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0]
+            out.append(torch.log1p(torch.relu(logits)).amax(0).numpy())
+    return np.stack(out)

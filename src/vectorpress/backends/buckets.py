@@ -7,6 +7,10 @@ length and cuts it into buckets whose padded cost, plus a fixed per-call cost, i
 
 from __future__ import annotations
 
+import numpy as np
+
+from vectorpress.types import Batch
+
 # What one extra forward call costs, in padded tokens: the per-call overhead of ONNX Runtime or
 # of transformers' modules on a CPU is a few hundred microseconds, about the time of this many
 # tokens of a small encoder.
@@ -58,3 +62,26 @@ def buckets(
         rows = max(1, max_tokens // max(lengths[i] for i in group))
         passes += [group[k : k + rows] for k in range(0, len(group), rows)]
     return passes
+
+
+def padded_inputs(batch: Batch, group: list[int], pad_id: int = 0) -> dict[str, np.ndarray]:
+    """The inputs of `group`'s texts, padded on the right to the longest of them: every input
+    an encoder may take (the caller keeps those its model takes)."""
+    cu = batch.cu_seqlens
+    width = max(int(cu[i + 1] - cu[i]) for i in group)
+    ids = np.full((len(group), width), pad_id, dtype=np.int64)
+    types = np.zeros((len(group), width), dtype=np.int64)
+    mask = np.zeros((len(group), width), dtype=np.int64)
+    positions = np.zeros((len(group), width), dtype=np.int64)
+    for row, i in enumerate(group):
+        s, e = int(cu[i]), int(cu[i + 1])
+        ids[row, : e - s] = batch.input_ids[s:e]
+        types[row, : e - s] = batch.token_type_ids[s:e]
+        positions[row, : e - s] = batch.position_ids[s:e]
+        mask[row, : e - s] = 1
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "token_type_ids": types,
+        "position_ids": positions,
+    }

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vectorpress.backends.buckets import buckets
+from vectorpress.backends.buckets import buckets, padded_inputs
 from vectorpress.backends.torch.attention import PackedSequences
 from vectorpress.backends.torch.heads import load_dense
 from vectorpress.backends.torch.pooling import pool, splade_block_rows, splade_pool
@@ -99,20 +99,11 @@ class HFBackend:
 
     def _padded(self, batch: Batch, group: list[int]) -> dict[str, torch.Tensor]:
         """The inputs of `group`'s texts, padded on the right to the longest of them."""
-        cu = batch.cu_seqlens
-        width = max(int(cu[i + 1] - cu[i]) for i in group)
-        ids = np.full((len(group), width), self.spec.pad_token_id, dtype=np.int64)
-        types = np.zeros((len(group), width), dtype=np.int64)
-        mask = np.zeros((len(group), width), dtype=np.int64)
-        for row, i in enumerate(group):
-            s, e = int(cu[i]), int(cu[i + 1])
-            ids[row, : e - s] = batch.input_ids[s:e]
-            types[row, : e - s] = batch.token_type_ids[s:e]
-            mask[row, : e - s] = 1
-        inputs = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
+        wanted = ["input_ids", "attention_mask"]
         if self._token_types:
-            inputs["token_type_ids"] = torch.from_numpy(types)
-        return {k: v.to(self.device) for k, v in inputs.items()}
+            wanted.append("token_type_ids")
+        inputs = padded_inputs(batch, group, self.spec.pad_token_id)
+        return {k: torch.from_numpy(inputs[k]).to(self.device) for k in wanted}
 
     def _groups(self, batch: Batch) -> list[list[int]]:
         return buckets(batch.lengths.tolist(), max_tokens=PASS_TOKENS)

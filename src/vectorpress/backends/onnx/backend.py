@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vectorpress.backends.buckets import buckets
+from vectorpress.backends.buckets import buckets, padded_inputs
 from vectorpress.backends.torch.attention import PackedSequences
 from vectorpress.backends.torch.backend import load_head
 from vectorpress.backends.torch.heads import MLMHead, load_dense
@@ -86,7 +86,7 @@ def int8_graph(graph: Path, spec: ModelSpec, settings: Settings) -> Path:
     def build(out: Path) -> None:
         log.info("quantizing %s to int8 once, into %s", graph, out.parent.parent)
         batch = calibration_batch(spec)
-        quantize_graph(graph, out, [padded_feeds(batch, [i]) for i in range(batch.size)])
+        quantize_graph(graph, out, [padded_inputs(batch, [i]) for i in range(batch.size)])
 
     int8 = build_once(
         graph_cache(settings) / int8_key(graph, CALIBRATION),
@@ -96,29 +96,6 @@ def int8_graph(graph: Path, spec: ModelSpec, settings: Settings) -> Path:
     )
     log.info("int8 graph %s: %s", int8, Report.load(int8.parent) or "no quantize.json")
     return int8
-
-
-def padded_feeds(batch: Batch, group: list[int]) -> dict[str, np.ndarray]:
-    """The inputs of `group`'s texts, padded to the longest: every input an encoder graph may
-    take (the caller keeps those its graph has)."""
-    cu = batch.cu_seqlens
-    width = max(int(cu[i + 1] - cu[i]) for i in group)
-    ids = np.zeros((len(group), width), dtype=np.int64)
-    types = np.zeros((len(group), width), dtype=np.int64)
-    mask = np.zeros((len(group), width), dtype=np.int64)
-    positions = np.zeros((len(group), width), dtype=np.int64)
-    for row, i in enumerate(group):
-        s, e = int(cu[i]), int(cu[i + 1])
-        ids[row, : e - s] = batch.input_ids[s:e]
-        types[row, : e - s] = batch.token_type_ids[s:e]
-        positions[row, : e - s] = batch.position_ids[s:e]
-        mask[row, : e - s] = 1
-    return {
-        "input_ids": ids,
-        "attention_mask": mask,
-        "token_type_ids": types,
-        "position_ids": positions,
-    }
 
 
 class OnnxBackend:
@@ -211,7 +188,7 @@ class OnnxBackend:
         log.info("onnx graph %s, providers %s", self.path, self.session.get_providers())
 
     def _run(self, batch: Batch, group: list[int]) -> np.ndarray:
-        feeds = {k: v for k, v in padded_feeds(batch, group).items() if k in self.inputs}
+        feeds = {k: v for k, v in padded_inputs(batch, group).items() if k in self.inputs}
         if self.single_token_type and "token_type_ids" in feeds:
             # As the other backends: a pair's second segment would index past RoBERTa's single
             # token type embedding (a tokenizer with BERT's pair template writes type 1 there).

@@ -215,7 +215,8 @@ class OnnxBackend:
         if batch.size == 0:
             return BatchOutput(None, [])
         if self.spec.is_splade and self.mlm_head is None:
-            return BatchOutput(self._splade_from_logits(batch), [])
+            pooled = self._splade_from_logits(batch) if batch.pooled_indices else None
+            return BatchOutput(pooled, [])
         hidden, seqs = self._hidden(batch)
         if self.mlm_head is not None and batch.pooled_indices:
             # The vocabulary projection is most of a small SPLADE model's work: on all threads
@@ -251,16 +252,17 @@ class OnnxBackend:
         """SPLADE vectors from a graph that gives every token's vocabulary scores: the max over
         each text's real tokens, then log(1 + ReLU) once per text (see pooling.splade_pool)."""
         which = list(batch.pooled_indices)
-        vocab = self.spec.vocab_size
-        best = np.full((batch.size, vocab), -np.inf, dtype=np.float32)
         lengths = batch.lengths.tolist()
-        budget = max(LOGITS_PASS_SCORES // max(vocab, 1), 1)
+        budget = max(LOGITS_PASS_SCORES // max(self.spec.vocab_size, 1), 1)
+        best: np.ndarray | None = None
         for group in buckets([lengths[i] for i in which], max_tokens=budget):
-            rows = [which[g] for g in group]
-            scores = self._run(batch, rows)
-            for row, i in enumerate(rows):
-                best[i] = scores[row, : lengths[i]].max(axis=0)
-        return np.log1p(np.maximum(best[which], 0.0))
+            scores = self._run(batch, [which[g] for g in group])
+            if best is None:  # the graph's own vocabulary width
+                best = np.empty((len(which), scores.shape[-1]), dtype=np.float32)
+            for row, g in enumerate(group):
+                best[g] = scores[row, : lengths[which[g]]].max(axis=0)
+        assert best is not None, "no text to pool"
+        return np.log1p(np.maximum(best, 0.0, out=best), out=best)
 
     def predict(self, batch: Batch) -> BatchOutput:
         if batch.size == 0:

@@ -74,25 +74,25 @@ def build_head(spec: ModelSpec, arch: Architecture) -> tuple[nn.Module | None, H
 def _checkpoint(
     spec: ModelSpec, arch: Architecture, rules: HeadRules | None
 ) -> dict[str, torch.Tensor]:
-    """The checkpoint's tensors under the served model's names: `encoder.*` and `head.*`."""
+    """The checkpoint's tensors under the served model's names: `encoder.*` and `head.*`; a
+    head weight tied to an encoder one (absent from the checkpoint) is that tensor."""
     state = load_state_dict(spec.path)
     strip = tuple((f"^{re.escape(p)}", "") for p in arch.base_prefixes)
     state = remap(state, strip)
     renames = list(rules.rules if rules else ())
     renames += [(pattern, None) for pattern in arch.ignore]
-    return remap(state, renames, default_prefix="encoder.")
+    state = remap(state, renames, default_prefix="encoder.")
+    for key, source in rules.tied if rules else ():
+        if key not in state and source in state:
+            state[key] = state[source]
+    return state
 
 
 def build_model(spec: ModelSpec, arch: Architecture) -> ServedModel:
     """Build the module tree for `spec` and load its checkpoint strictly."""
     head, rules = build_head(spec, arch)
     model = ServedModel(arch.build_encoder(spec.config), head)
-    strict_load(
-        model,
-        _checkpoint(spec, arch, rules),
-        what=f"{spec.architecture} from {spec.path}",
-        tied=dict(rules.tied) if rules else None,
-    )
+    strict_load(model, _checkpoint(spec, arch, rules), what=f"{spec.architecture} from {spec.path}")
     return model
 
 
@@ -106,10 +106,6 @@ def load_head(spec: ModelSpec) -> nn.Module:
     if head is None or rules is None:
         raise StartupError(f"{spec.architecture}: the served task has no head")
     state = _checkpoint(spec, arch, rules)
-    # A tied weight lives under the encoder's name only: the head takes it from there.
-    for key, source in rules.tied:
-        if key not in state and source in state:
-            state[key] = state[source]
     own = {k.removeprefix("head."): v for k, v in state.items() if k.startswith("head.")}
     strict_load(head, own, what=f"the head of {spec.architecture} from {spec.path}")
     return head

@@ -71,14 +71,9 @@ def strict_load(
     state: Mapping[str, torch.Tensor],
     *,
     what: str,
-    tied: Mapping[str, str] | None = None,
 ) -> None:
-    """Load `state` into `module`; `tied` maps a key that may be absent to the key it shares."""
+    """Load `state` into `module`."""
     expected = module.state_dict()
-    state = dict(state)
-    for key, source in (tied or {}).items():
-        if key not in state and source in state:
-            state[key] = state[source]
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:

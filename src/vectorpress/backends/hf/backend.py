@@ -20,7 +20,7 @@ import torch
 from vectorpress.backends.buckets import buckets, padded_inputs
 from vectorpress.backends.torch.attention import PackedSequences
 from vectorpress.backends.torch.heads import load_dense
-from vectorpress.backends.torch.pooling import pool, splade_block_rows, splade_pool
+from vectorpress.backends.torch.pooling import pool, splade_from_logits
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec
 from vectorpress.types import Batch, BatchOutput
@@ -132,10 +132,9 @@ class HFBackend:
                 if rows:
                     # Pooled group by group: a batch's tokens x vocabulary logits never exist
                     # at once (2,048 padded tokens of a 30,522-token vocabulary: 250 MB).
-                    logits = out.logits[rows][real[rows]]
                     lengths = [seqs.lengths[group[r]] for r in rows]
-                    blocks = splade_block_rows(logits.shape[1])
-                    vectors = splade_pool(lambda x: x, logits, lengths, blocks).cpu().numpy()
+                    logits = out.logits[rows][real[rows]]
+                    vectors = splade_from_logits(logits, lengths).cpu().numpy()
                     if pooled is None:
                         pooled = np.empty((len(which), vectors.shape[1]), dtype=np.float32)
                     pooled[[place[group[r]] for r in rows]] = vectors

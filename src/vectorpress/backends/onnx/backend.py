@@ -25,7 +25,12 @@ from vectorpress.backends.torch.attention import PackedSequences
 from vectorpress.backends.torch.backend import load_head
 from vectorpress.backends.torch.heads import MLMHead, load_dense
 from vectorpress.backends.torch.passes import num_threads
-from vectorpress.backends.torch.pooling import pool, splade_block_rows, splade_vectors
+from vectorpress.backends.torch.pooling import (
+    pool,
+    splade_block_rows,
+    splade_from_logits,
+    splade_vectors,
+)
 from vectorpress.backends.torch.registry import lookup
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec
@@ -215,8 +220,10 @@ class OnnxBackend:
         if batch.size == 0:
             return BatchOutput(None, [])
         if self.spec.is_splade and self.mlm_head is None:
-            pooled = self._splade_from_logits(batch) if batch.pooled_indices else None
-            return BatchOutput(pooled, [])
+            if not batch.pooled_indices:
+                return BatchOutput(None, [])
+            with num_threads(1):  # torch's few ops between graph runs: see below
+                return BatchOutput(self._splade_from_logits(batch), [])
         hidden, seqs = self._hidden(batch)
         if self.mlm_head is not None and batch.pooled_indices:
             # The vocabulary projection is most of a small SPLADE model's work: on all threads
@@ -249,20 +256,21 @@ class OnnxBackend:
         return BatchOutput(pooled, raw)
 
     def _splade_from_logits(self, batch: Batch) -> np.ndarray:
-        """SPLADE vectors from a graph that gives every token's vocabulary scores: the max over
-        each text's real tokens, then log(1 + ReLU) once per text (see pooling.splade_pool)."""
+        """SPLADE vectors from a graph that gives every token's vocabulary scores, run in
+        buckets of at most LOGITS_PASS_SCORES scores."""
         which = list(batch.pooled_indices)
-        lengths = batch.lengths.tolist()
+        lengths = [int(batch.lengths[i]) for i in which]
         budget = max(LOGITS_PASS_SCORES // max(self.spec.vocab_size, 1), 1)
         best: np.ndarray | None = None
-        for group in buckets([lengths[i] for i in which], max_tokens=budget):
-            scores = self._run(batch, [which[g] for g in group])
+        for group in buckets(lengths, max_tokens=budget):
+            scores = torch.from_numpy(self._run(batch, [which[g] for g in group]))
+            real = [scores[row, : lengths[g]] for row, g in enumerate(group)]
+            vectors = splade_from_logits(torch.cat(real), [lengths[g] for g in group]).numpy()
             if best is None:  # the graph's own vocabulary width
-                best = np.empty((len(which), scores.shape[-1]), dtype=np.float32)
-            for row, g in enumerate(group):
-                best[g] = scores[row, : lengths[which[g]]].max(axis=0)
+                best = np.empty((len(which), vectors.shape[1]), dtype=np.float32)
+            best[group] = vectors
         assert best is not None, "no text to pool"
-        return np.log1p(np.maximum(best, 0.0, out=best), out=best)
+        return best
 
     def predict(self, batch: Batch) -> BatchOutput:
         if batch.size == 0:

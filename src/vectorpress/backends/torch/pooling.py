@@ -121,6 +121,13 @@ def splade_pool(
     return torch.log1p(torch.relu(best.float()))
 
 
+def splade_from_logits(logits: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """SPLADE vectors from a masked-LM's own logits (its bias included) for each sequence's
+    tokens, `lengths[i]` rows of `logits` one after another: for backends that get them from
+    the model whole (transformers, an ONNX graph ending in the head)."""
+    return splade_pool(lambda x: x, logits, lengths, splade_block_rows(logits.shape[1]))
+
+
 def splade_vectors(
     head: MLMHead, hidden: torch.Tensor, seqs: PackedSequences, which: list[int]
 ) -> torch.Tensor:

@@ -7,8 +7,9 @@ for a model type than the one the folder ships, as it does for qwen2).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,6 +23,14 @@ def _tokenizer(folder: Path, max_length: int) -> Tokenizer:
     return tok
 
 
+def _each_alone(model: Any, tok: Tokenizer, texts: Sequence[str]) -> Iterator[Any]:
+    """The model's output for each text on its own, unpadded."""
+    with torch.no_grad():
+        for text in texts:
+            ids = torch.tensor([tok.encode(text).ids])
+            yield model(input_ids=ids, attention_mask=torch.ones_like(ids))
+
+
 def transformers_embed(
     folder: Path,
     texts: Sequence[str],
@@ -33,17 +42,14 @@ def transformers_embed(
     """AutoModel's last hidden state, pooled (cls, mean or last_token), optionally normalized."""
     from transformers import AutoModel
 
-    tok = _tokenizer(folder, max_length)
     model = AutoModel.from_pretrained(str(folder)).eval()
     out = []
-    with torch.no_grad():
-        for text in texts:
-            ids = torch.tensor([tok.encode(text).ids])
-            hidden = model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state[0]
-            vec = {"cls": hidden[0], "mean": hidden.mean(0), "last_token": hidden[-1]}[pooling]
-            if normalize:
-                vec = torch.nn.functional.normalize(vec, dim=0)
-            out.append(vec.numpy())
+    for result in _each_alone(model, _tokenizer(folder, max_length), texts):
+        hidden = result.last_hidden_state[0]
+        vec = {"cls": hidden[0], "mean": hidden.mean(0), "last_token": hidden[-1]}[pooling]
+        if normalize:
+            vec = torch.nn.functional.normalize(vec, dim=0)
+        out.append(vec.numpy())
     return np.stack(out)
 
 
@@ -72,12 +78,7 @@ def transformers_splade(folder: Path, texts: Sequence[str], *, max_length: int =
     """SPLADE from AutoModelForMaskedLM: the max over tokens of log(1 + ReLU(logits))."""
     from transformers import AutoModelForMaskedLM
 
-    tok = _tokenizer(folder, max_length)
     model = AutoModelForMaskedLM.from_pretrained(str(folder)).eval()
-    out = []
-    with torch.no_grad():
-        for text in texts:
-            ids = torch.tensor([tok.encode(text).ids])
-            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0]
-            out.append(torch.log1p(torch.relu(logits)).amax(0).numpy())
-    return np.stack(out)
+    tok = _tokenizer(folder, max_length)
+    outputs = _each_alone(model, tok, texts)
+    return np.stack([torch.log1p(torch.relu(r.logits[0])).amax(0).numpy() for r in outputs])

@@ -67,6 +67,13 @@ class ModelSpec:
     pad_token_id: int = 0
 
     @property
+    def has_token_types(self) -> bool:
+        """Whether the model tells token types apart. RoBERTa's single type embedding (and
+        models with none) would be indexed past by the type 1 that BERT's pair template writes
+        on a second text: their inputs get type 0 throughout."""
+        return int(self.config.get("type_vocab_size") or 0) > 1
+
+    @property
     def is_splade(self) -> bool:
         return self.pooling == "splade"
 

@@ -182,6 +182,8 @@ def test_embeddinggemma_layout_with_bias_free_dense(tiny: Callable[..., Path]) -
 @pytest.mark.parametrize(
     ("arch", "task", "config"),
     [
+        # One token type: the second text of a pair gets type 0, not the tokenizer's 1.
+        ("roberta", "reranker", {}),
         ("distilbert", "classifier", {}),
         ("mpnet", "classifier", {}),
         ("modernbert", "classifier", {}),

@@ -64,9 +64,12 @@ def buckets(
     return passes
 
 
-def padded_inputs(batch: Batch, group: list[int], pad_id: int = 0) -> dict[str, np.ndarray]:
+def padded_inputs(
+    batch: Batch, group: list[int], pad_id: int = 0, token_types: bool = True
+) -> dict[str, np.ndarray]:
     """The inputs of `group`'s texts, padded on the right to the longest of them: every input
-    an encoder may take (the caller keeps those its model takes)."""
+    an encoder may take (the caller keeps those its model takes); token types all 0 unless
+    `token_types` (see ModelSpec.has_token_types)."""
     cu = batch.cu_seqlens
     width = max(int(cu[i + 1] - cu[i]) for i in group)
     ids = np.full((len(group), width), pad_id, dtype=np.int64)
@@ -76,7 +79,8 @@ def padded_inputs(batch: Batch, group: list[int], pad_id: int = 0) -> dict[str, 
     for row, i in enumerate(group):
         s, e = int(cu[i]), int(cu[i + 1])
         ids[row, : e - s] = batch.input_ids[s:e]
-        types[row, : e - s] = batch.token_type_ids[s:e]
+        if token_types:
+            types[row, : e - s] = batch.token_type_ids[s:e]
         positions[row, : e - s] = batch.position_ids[s:e]
         mask[row, : e - s] = 1
     return {

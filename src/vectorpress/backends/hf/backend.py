@@ -81,11 +81,7 @@ class HFBackend:
             raise StartupError(f"transformers cannot load {spec.path}: {exc}") from exc
         self.model = model.eval().to(device)
         params = inspect.signature(self.model.forward).parameters
-        # Models without token types (RoBERTa's type_vocab_size 1, DistilBERT, decoders) get
-        # none: a pair's second segment would index past their single type embedding.
-        self._token_types = "token_type_ids" in params and (
-            int(getattr(self.model.config, "type_vocab_size", 0) or 0) > 1
-        )
+        self._token_types = "token_type_ids" in params
         self.dense = [
             load_dense(d).eval().to(device=device, dtype=torch.float32) for d in spec.dense
         ]
@@ -102,7 +98,9 @@ class HFBackend:
         wanted = ["input_ids", "attention_mask"]
         if self._token_types:
             wanted.append("token_type_ids")
-        inputs = padded_inputs(batch, group, self.spec.pad_token_id)
+        inputs = padded_inputs(
+            batch, group, self.spec.pad_token_id, token_types=self.spec.has_token_types
+        )
         return {k: torch.from_numpy(inputs[k]).to(self.device) for k in wanted}
 
     def _groups(self, batch: Batch) -> list[list[int]]:

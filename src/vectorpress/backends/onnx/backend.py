@@ -153,7 +153,6 @@ class OnnxBackend:
         except Exception as exc:  # onnxruntime raises its own exception types
             raise StartupError(f"cannot load {self.path}: {exc}") from exc
         self.inputs = {i.name for i in self.session.get_inputs()}
-        self.single_token_type = int(spec.config.get("type_vocab_size") or 2) == 1
         missing = {"input_ids", "attention_mask"} - self.inputs
         if missing:
             raise StartupError(f"{self.path} lacks the inputs {sorted(missing)}")
@@ -193,11 +192,8 @@ class OnnxBackend:
         log.info("onnx graph %s, providers %s", self.path, self.session.get_providers())
 
     def _run(self, batch: Batch, group: list[int]) -> np.ndarray:
-        feeds = {k: v for k, v in padded_inputs(batch, group).items() if k in self.inputs}
-        if self.single_token_type and "token_type_ids" in feeds:
-            # As the other backends: a pair's second segment would index past RoBERTa's single
-            # token type embedding (a tokenizer with BERT's pair template writes type 1 there).
-            feeds["token_type_ids"].fill(0)
+        inputs = padded_inputs(batch, group, token_types=self.spec.has_token_types)
+        feeds = {k: v for k, v in inputs.items() if k in self.inputs}
         return np.asarray(self.session.run([self.output], feeds)[0])
 
     def _hidden(self, batch: Batch) -> tuple[torch.Tensor, PackedSequences]:

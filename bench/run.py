@@ -15,8 +15,10 @@ on fbgemm), the ONNX Runtime backend on an exported fp32 graph and on its int8 q
 optimum engines. `--rounds N` repeats sentence-transformers and every server N times, one round
 after another, and reports each figure's median.
 
-Writes bench/results/<stamp>.md (a table of ratios), .json and .png (throughput and p99
-latency against concurrency), copies them to latest.*, and prints the command to rerun.
+Writes bench/results/latest.md (a table of ratios), .json and .png (throughput and p99
+latency against concurrency), adds the run's rows to bench/results/history.md (one row per
+method and run, so that figures can be compared across runs without a file set per run), and
+prints the command to rerun.
 The client runs on the same cores as the server, as a user's client on a one-box deployment
 would; absolute numbers depend on the machine and on whatever else it runs, ratios less so. It
 is bench/client.py, a few lines of asyncio streams: httpx spent 15-18 ms of CPU per one-text
@@ -33,7 +35,6 @@ import json
 import math
 import os
 import platform
-import shutil
 import socket
 import statistics
 import subprocess
@@ -473,15 +474,52 @@ def report(
         lines += ["", *notes]
     lines += ["", f"Rerun: `{meta['command']}`", ""]
     text = "\n".join(lines)
+    data = {"meta": meta, "ceiling": ceiling, "results": [asdict(r) for r in results]}
     out.with_suffix(".md").write_text(text)
-    out.with_suffix(".json").write_text(
-        json.dumps({"meta": meta, "ceiling": ceiling, "results": [asdict(r) for r in results]},
-                   indent=1)
-    )  # fmt: skip
+    out.with_suffix(".json").write_text(json.dumps(data, indent=1))
     plot(results, sweep, st_tps, out.with_suffix(".png"))
-    for suffix in (".md", ".json", ".png"):
-        shutil.copyfile(out.with_suffix(suffix), RESULTS / f"latest{suffix}")
+    append_history(data, out.parent / "history.md")
     return text
+
+
+HISTORY_HEADER = [
+    "# Benchmark history",
+    "",
+    "One row per method and run of `bench/run.py` (newest last); `latest.md` has the newest run",
+    "whole. Shares are of the fp32 GEMM ceiling measured in the same run.",
+    "",
+    "| run | command | method | 32x4 tok/s | 1xN tok/s | of fp32 ceiling | short p50 ms |",
+    "|---|---|---|---|---|---|---|",
+]
+
+
+def history_rows(data: dict[str, Any]) -> list[str]:
+    """A run's rows of the history table, from its JSON report."""
+    meta, ceiling = data["meta"], data["ceiling"]
+    fp32_ceiling = ceiling["fp32_gflops"] * 1e9 / ceiling["flops_per_token"]
+    rows = []
+    for r in data["results"]:
+        load = r.get("load") or {}
+        bulk = load.get("32x4", load.get("encode32", {})).get("tokens_per_s", math.nan)
+        singles = [k for k in load if k.startswith("1x")]
+        top = max(singles, key=lambda k: int(k[2:]), default="")
+        single = load[top]["tokens_per_s"] if top else math.nan
+
+        def cell(v: float, fmt: str = ",.0f") -> str:
+            return "-" if v != v else format(v, fmt)
+
+        share = bulk / fp32_ceiling * 100
+        rows.append(
+            f"| {meta['stamp']} | `{meta['command']}` | {r['name']} | {cell(bulk)} | "
+            f"{cell(single)}{f' ({top})' if top else ''} | {cell(share, '.0f')}% | "
+            f"{cell(r.get('short_p50_ms', math.nan), '.1f')} |"
+        )
+    return rows
+
+
+def append_history(data: dict[str, Any], path: Path) -> None:
+    lines = path.read_text().splitlines() if path.exists() else list(HISTORY_HEADER)
+    path.write_text("\n".join([*lines, *history_rows(data)]) + "\n")
 
 
 def plot(results: list[Result], sweep: list[int], st_tps: float, path: Path) -> None:
@@ -647,9 +685,9 @@ def main() -> None:
     results = [median_result(list(same)) for same in zip(*rounds, strict=True)]
     meta["rounds"] = len(rounds)
 
-    text = report(results, ceiling, meta, RESULTS / stamp, sweep)
+    text = report(results, ceiling, meta, RESULTS / "latest", sweep)
     print(text)
-    log(f"wrote {RESULTS / stamp}.md, .json, .png (and latest.*)")
+    log(f"wrote {RESULTS}/latest.md, .json, .png and a row per method in history.md")
     print(f"\nReproduce: {command}")
 
 

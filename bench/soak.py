@@ -266,10 +266,14 @@ async def run(args: argparse.Namespace) -> int:
             lines += ["", "Unexpected:", *[f"- {u}" for u in unexpected[:20]]]
         report = "\n".join(lines) + "\n"
         print(report)
-        out = ROOT / "bench" / "results" / f"soak-{datetime.now(timezone.utc):%Y%m%d-%H%M}.md"
+        # One history file rather than a file per run; each run is a section named by its time.
+        out = ROOT / "bench" / "results" / "soak-history.md"
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(report)
-        print(f"written to {out.relative_to(ROOT)}")
+        name = f"soak-{datetime.now(timezone.utc):%Y%m%d-%H%M}"
+        demoted = "\n".join("#" + ln if ln.startswith("#") else ln for ln in report.splitlines())
+        with out.open("a") as f:
+            f.write(f"\n## {name}\n\n{demoted}\n")
+        print(f"added as {name} to {out.relative_to(ROOT)}")
         return 0 if not unexpected and rest_growth < 5 else 1
     finally:
         server.terminate()

@@ -7,6 +7,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from vectorpress import __version__
 from vectorpress.api import openapi
+from vectorpress.api.cohere.routes import router as cohere_router
 from vectorpress.api.direct import DirectRoute, DirectRoutes
 from vectorpress.api.disconnect import DisconnectMiddleware
 from vectorpress.api.errors import install_error_handlers
@@ -54,6 +55,7 @@ def create_app(state: AppState) -> FastAPI:
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(openai_router)
+    app.include_router(cohere_router)
     app.include_router(health_router)
     app.include_router(metrics_router)
     settings = state.settings

@@ -37,6 +37,17 @@ PROTECTED = [
     ("POST", "/vertex", {"instances": [{"inputs": "x"}]}),
     ("POST", "/", {"inputs": "x"}),
     ("POST", "/invocations", {"inputs": "x"}),
+    ("POST", "/v2/rerank", {"query": "q", "documents": ["x"]}),
+    ("POST", "/v1/rerank", {"query": "q", "documents": ["x"]}),
+    ("POST", "/v2/embed", {"texts": ["x"], "input_type": "search_query"}),
+    ("POST", "/v1/embed", {"texts": ["x"]}),
+    ("POST", "/score", {"text_1": "a", "text_2": "b"}),
+    ("POST", "/v1/score", {"text_1": "a", "text_2": "b"}),
+    ("POST", "/classify", {"input": ["x"]}),
+    ("POST", "/v1/classify", {"input": ["x"]}),
+    ("POST", "/detokenize", {"tokens": [101]}),
+    ("GET", "/v1/models", None),
+    ("GET", "/models", None),
 ]
 
 

@@ -81,7 +81,7 @@ async def cut_to_tokens(infer: Infer, texts: list[str], limit: int | None) -> li
     if not nonempty:
         return texts
     tokens = iter(await infer.tokenize(nonempty, add_special_tokens=False))
-    out = []
+    out: list[str] = []
     for text in texts:
         if not text:
             out.append(text)

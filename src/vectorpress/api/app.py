@@ -7,6 +7,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from vectorpress import __version__
 from vectorpress.api import openapi
+from vectorpress.api.clash import router as clash_router
 from vectorpress.api.cohere.routes import router as cohere_router
 from vectorpress.api.direct import DirectRoute, DirectRoutes
 from vectorpress.api.disconnect import DisconnectMiddleware
@@ -22,6 +23,7 @@ from vectorpress.api.openai.routes import router as openai_router
 from vectorpress.api.openai.routes import run_embeddings
 from vectorpress.api.openai.schemas import EmbeddingsRequest
 from vectorpress.api.state import AppState
+from vectorpress.api.vllm.routes import router as vllm_router
 
 
 def direct_routes(state: AppState) -> list[DirectRoute]:
@@ -56,6 +58,8 @@ def create_app(state: AppState) -> FastAPI:
     app.include_router(router)
     app.include_router(openai_router)
     app.include_router(cohere_router)
+    app.include_router(vllm_router)
+    app.include_router(clash_router)
     app.include_router(health_router)
     app.include_router(metrics_router)
     settings = state.settings

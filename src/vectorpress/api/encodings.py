@@ -3,7 +3,9 @@
 Each request's vectors are stacked once into one float32 matrix (after Matryoshka truncation and
 normalization, as the pipeline returns them) and every encoding is one vectorized pass over it:
 
-- `float`: the float32 values (JSON numbers); `float16`, `bfloat16`: rounded to that type.
+- `float`: the float32 values (JSON numbers); `float16`, `bfloat16`: rounded to that type
+  (bfloat16, which numpy lacks, held as its 16 bits: float32's upper half, rounded to nearest
+  even).
 - `int8`, `uint8`: scalar quantization on the model's calibrated per-dimension ranges, exactly as
   sentence-transformers' `quantize_embeddings(..., ranges=...)`: 255 steps between the lowest
   and highest calibration value, floor, clipped.
@@ -20,7 +22,6 @@ import base64
 from collections.abc import Sequence
 from typing import Literal, get_args
 
-import ml_dtypes
 import numpy as np
 
 from vectorpress.core.calibration import Calibration
@@ -33,7 +34,7 @@ QUANTIZED = ("int8", "uint8")
 _LITTLE_ENDIAN: dict[str, np.dtype] = {
     "float32": np.dtype("<f4"),
     "float16": np.dtype("<f2"),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "bfloat16": np.dtype("<u2"),
     "int8": np.dtype(np.int8),
     "uint8": np.dtype(np.uint8),
     "binary": np.dtype(np.int8),
@@ -61,6 +62,13 @@ def quantize_scalar(
     return (levels - 128).astype(np.int8)
 
 
+def bfloat16_bits(matrix: np.ndarray) -> np.ndarray:
+    """The bfloat16 nearest each float32 value (ties to even), as its uint16 bit pattern."""
+    bits = np.ascontiguousarray(matrix, dtype=np.float32).view(np.uint32)
+    rounded = bits + (np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))
+    return (rounded >> 16).astype(np.uint16)
+
+
 def pack_signs(matrix: np.ndarray, signed: bool) -> np.ndarray:
     packed = np.packbits(matrix > 0, axis=-1)
     return (packed.astype(np.int16) - 128).astype(np.int8) if signed else packed
@@ -80,7 +88,7 @@ def convert(
     if dtype == "float16":
         return matrix.astype(np.float16)
     if dtype == "bfloat16":
-        return matrix.astype(ml_dtypes.bfloat16)
+        return bfloat16_bits(matrix)
     if dtype in QUANTIZED:
         if calibration is None:
             raise ValidationError(
@@ -102,11 +110,13 @@ def to_base64(array: np.ndarray, dtype: str) -> list[str]:
     return [encode(row.tobytes()).decode("ascii") for row in wire]
 
 
-def to_json(array: np.ndarray) -> np.ndarray | list[list[float]]:
-    """What orjson serializes as nested JSON numbers: numpy arrays it writes natively; the 16-bit
-    floats it cannot, so those go out as their float32 values (exactly representable)."""
-    if array.dtype in (np.float16, ml_dtypes.bfloat16):
+def to_json(array: np.ndarray, dtype: str) -> np.ndarray:
+    """What orjson writes as nested JSON numbers: the 16-bit floats go out as their float32
+    values (exact), every other type as it is."""
+    if dtype == "float16":
         return array.astype(np.float32)
+    if dtype == "bfloat16":
+        return (array.astype(np.uint32) << 16).view(np.float32)
     return array
 
 

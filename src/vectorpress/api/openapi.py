@@ -11,6 +11,9 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from vectorpress.api import clash
+from vectorpress.api.errors import dialect_of
+
 _ERROR_TYPES = [
     "Empty",
     "Validation",
@@ -38,6 +41,42 @@ _SCHEMAS: dict[str, Any] = {
             "code": {"type": "integer"},
             "type": {"type": "string", "enum": _ERROR_TYPES},
         },
+    },
+    "CohereErrorResponse": {
+        "type": "object",
+        "required": ["id", "message"],
+        "properties": {"id": {"type": "string"}, "message": {"type": "string"}},
+    },
+    "NestedErrorResponse": {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["message", "type", "code"],
+                "properties": {
+                    "message": {"type": "string"},
+                    "type": {"type": "string"},
+                    "param": {"type": "null"},
+                    "code": {"type": "integer"},
+                },
+            }
+        },
+    },
+    "CohereJinaErrorResponse": {
+        "type": "object",
+        "required": ["id", "message", "detail"],
+        "properties": {
+            "id": {"type": "string"},
+            "message": {"type": "string"},
+            "detail": {"type": "string"},
+        },
+    },
+    "CohereNestedErrorResponse": {
+        "allOf": [
+            {"$ref": "#/components/schemas/CohereErrorResponse"},
+            {"$ref": "#/components/schemas/NestedErrorResponse"},
+        ]
     },
     "Prediction": {
         "type": "object",
@@ -109,6 +148,111 @@ _OPENAI_EMBEDDINGS = {
     },
 }
 
+_INT = {"type": "integer"}
+_STR = {"type": "string"}
+
+
+def _object(required: dict[str, Any], optional: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": list(required),
+        "properties": {**required, **(optional or {})},
+    }
+
+
+_USAGE = _object({"prompt_tokens": _INT, "total_tokens": _INT}, {"completion_tokens": _INT})
+_META = _object({"api_version": _object({"version": _STR}), "billed_units": {"type": "object"}})
+_DOCUMENT = {"type": "object", "required": ["text"], "properties": {"text": _STR}}
+_RERANK = _object(
+    {
+        "id": _STR,
+        "model": _STR,
+        "results": _array(
+            _object({"index": _INT, "relevance_score": _NUMBER}, {"document": {"type": "object"}})
+        ),
+        "usage": _USAGE,
+        "meta": _META,
+    }
+)
+_MATRIX_OF = {
+    "float": _array(_array(_NUMBER)),
+    "int8": _array(_array(_INT)),
+    "uint8": _array(_array(_INT)),
+    "binary": _array(_array(_INT)),
+    "ubinary": _array(_array(_INT)),
+    "base64": _array(_STR),
+}
+_EMBED = _object(
+    {
+        "id": _STR,
+        "response_type": {"type": "string", "enum": ["embeddings_floats", "embeddings_by_type"]},
+        "embeddings": {
+            "anyOf": [
+                _array(_array(_NUMBER)),
+                {"type": "object", "properties": _MATRIX_OF, "additionalProperties": False},
+            ]
+        },
+        "texts": _array(_STR),
+        "meta": _META,
+    }
+)
+_VLLM_SCORE = _object(
+    {
+        "id": _STR,
+        "object": _STR,
+        "created": _INT,
+        "model": _STR,
+        "data": _array(_object({"index": _INT, "object": _STR, "score": _NUMBER})),
+        "usage": _USAGE,
+    }
+)
+_VLLM_CLASSIFY = _object(
+    {
+        "id": _STR,
+        "object": _STR,
+        "created": _INT,
+        "model": _STR,
+        "data": _array(
+            _object({"index": _INT, "label": _STR, "probs": _array(_NUMBER), "num_classes": _INT})
+        ),
+        "usage": _USAGE,
+    }
+)
+_INFINITY_ENVELOPE = {"model": _STR, "usage": _USAGE, "id": _STR, "created": _INT}
+_INFINITY_RERANK = _object(
+    {
+        "object": {"type": "string", "enum": ["rerank"]},
+        "results": _array(
+            _object(
+                {
+                    "relevance_score": _NUMBER,
+                    "index": _INT,
+                    "document": {"anyOf": [_STR, {"type": "null"}]},
+                }
+            )
+        ),
+        **_INFINITY_ENVELOPE,
+    }
+)
+_INFINITY_CLASSIFY = _object(
+    {
+        "object": {"type": "string", "enum": ["classify"]},
+        "data": _array(_array(_ref("Prediction"))),
+        **_INFINITY_ENVELOPE,
+    }
+)
+_MODELS = _object(
+    {
+        "object": _STR,
+        "data": _array(
+            _object(
+                {"id": _STR, "object": _STR, "created": _INT, "owned_by": _STR},
+                {"capabilities": _array(_STR), "max_model_len": _INT},
+            )
+        ),
+    }
+)
+
 #: The 200 body of each route.
 _OK: dict[str, dict[str, Any]] = {
     "/embed": _array(_array(_NUMBER)),
@@ -116,11 +260,22 @@ _OK: dict[str, dict[str, Any]] = {
     "/embed_sparse": _array(_array(_ref("SparseValue"))),
     "/similarity": _array(_NUMBER),
     "/predict": {"anyOf": [_array(_ref("Prediction")), _array(_array(_ref("Prediction")))]},
-    "/rerank": _array(_ref("Rank")),
+    "/rerank": {"anyOf": [_array(_ref("Rank")), _INFINITY_RERANK]},
     "/tokenize": _array(_array(_ref("SimpleToken"))),
     "/decode": _array({"type": "string"}),
     "/v1/embeddings": _OPENAI_EMBEDDINGS,
     "/embeddings": _OPENAI_EMBEDDINGS,
+    "/v2/rerank": _RERANK,
+    "/v1/rerank": _RERANK,
+    "/v2/embed": _EMBED,
+    "/v1/embed": _EMBED,
+    "/score": _VLLM_SCORE,
+    "/v1/score": _VLLM_SCORE,
+    "/v1/classify": _VLLM_CLASSIFY,
+    "/classify": {"anyOf": [_VLLM_CLASSIFY, _INFINITY_CLASSIFY]},
+    "/detokenize": _object({"prompt": _STR}),
+    "/v1/models": _MODELS,
+    "/models": _MODELS,
     "/vertex": {
         "type": "object",
         "required": ["predictions"],
@@ -140,9 +295,38 @@ _POST_ERRORS = {
 }
 
 
-def _error_response(description: str, openai: bool) -> dict[str, Any]:
-    schema = _ref("OpenAIErrorResponse" if openai else "ErrorResponse")
+#: The error body schema of each dialect (api/errors.py SHAPES).
+_ERROR_SCHEMAS = {
+    "tei": "ErrorResponse",
+    "openai": "OpenAIErrorResponse",
+    "cohere": "CohereErrorResponse",
+    "vllm": "NestedErrorResponse",
+    "infinity": "NestedErrorResponse",
+    "cohere+jina": "CohereJinaErrorResponse",
+    "cohere+vllm": "CohereNestedErrorResponse",
+}
+
+
+def _error_schema(path: str) -> dict[str, Any]:
+    names = {_ERROR_SCHEMAS[dialect_of(path)]}
+    if path in clash.BODIES:  # the body decides, so either dialect's shape can come back
+        names.add("NestedErrorResponse")
+    refs = [_ref(name) for name in sorted(names)]
+    return refs[0] if len(refs) == 1 else {"anyOf": refs}
+
+
+def _error_response(description: str, path: str) -> dict[str, Any]:
+    schema = _error_schema(path)
     return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _add_bodies(components: dict[str, Any]) -> None:
+    """The request bodies of the shared paths, which their routes read by hand."""
+    for models in clash.BODIES.values():
+        for model in models:
+            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(schema.pop("$defs", {}))
+            components[model.__name__] = schema
 
 
 def document(app: FastAPI, protected: bool) -> dict[str, Any]:
@@ -152,10 +336,10 @@ def document(app: FastAPI, protected: bool) -> dict[str, Any]:
     spec = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
     components = spec.setdefault("components", {}).setdefault("schemas", {})
     components.update(_SCHEMAS)
+    _add_bodies(components)
     for name in ("HTTPValidationError", "ValidationError"):
         components.pop(name, None)
     for path, operations in spec.get("paths", {}).items():
-        openai = path in ("/v1/embeddings", "/embeddings")
         for method, operation in operations.items():
             responses = operation.setdefault("responses", {})
             if path in _OK:
@@ -165,12 +349,12 @@ def document(app: FastAPI, protected: bool) -> dict[str, Any]:
                 }
             if method == "post":
                 for status, description in _POST_ERRORS.items():
-                    responses[status] = _error_response(description, openai)
+                    responses[status] = _error_response(description, path)
             if path == "/health":
                 responses["200"] = {"description": "The backend answers"}
-                responses["503"] = _error_response("The backend is not answering", False)
+                responses["503"] = _error_response("The backend is not answering", path)
             if protected and path not in ("/health", "/metrics"):
-                responses["401"] = _error_response("Missing or wrong API key", openai)
+                responses["401"] = _error_response("Missing or wrong API key", path)
     app.openapi_schema = spec
     return spec
 

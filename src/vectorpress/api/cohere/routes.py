@@ -71,7 +71,7 @@ def _texts(body: EmbedBody) -> list[str]:
 
 
 def _embedding_types(requested: list[str] | None) -> list[str]:
-    kinds = list(dict.fromkeys(requested or ["float"]))
+    kinds = list(dict.fromkeys(["float"] if requested is None else requested))
     if not kinds:
         raise ValidationError("Input validation error: `embedding_types` cannot be empty")
     for kind in kinds:

@@ -164,10 +164,9 @@ def test_a_model_that_fails_to_load_stops_everything(
     (broken / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00not json")
     port = _free_port()
     good = tiny_bert_family("bert", "embedding", "mean")
-    proc = _serve(
-        ["--port", str(port), "--model-id", str(good), "--model-id", str(broken)]
-        + ["--served-model-name", "good", "--served-model-name", "broken"]
-    )
+    models = ["--model-id", str(good), "--model-id", str(broken)]
+    names = ["--served-model-name", "good", "--served-model-name", "broken"]
+    proc = _serve(["--port", str(port), *models, *names])
     out = _one_line_exit_1(proc, "model broken")
     # The first model had loaded; the socket never opened.
     assert "model loaded and warmed up" in out and "Ready" not in out

@@ -250,6 +250,25 @@ def test_grpc_routes_by_x_model(
     assert [(r.index, np.float32(r.score)) for r in ranks] == [
         (w["index"], np.float32(w["score"])) for w in want
     ]
+    predicted = stubs.predict.PredictPair(
+        pb.PredictPairRequest(inputs=[QUERY, TEXTS[0]], truncate=True), metadata=meta("reranker")
+    ).predictions
+    want = ok(post(singles["reranker"], "/predict", {"inputs": [QUERY, TEXTS[0]]}))
+    assert [(p.label, np.float32(p.score)) for p in predicted] == [
+        (w["label"], np.float32(w["score"])) for w in want
+    ]
+    tokens = stubs.embed.EmbedAll(
+        pb.EmbedAllRequest(inputs=TEXTS[1], truncate=True), metadata=meta("minilm")
+    ).token_embeddings
+    want = ok(post(singles["minilm"], "/embed_all", {"inputs": TEXTS[1]}))[0]
+    np.testing.assert_array_equal(
+        np.array([list(t.embeddings) for t in tokens], dtype=np.float32),
+        np.array(want, dtype=np.float32),
+    )
+    decoded = stubs.tokenize.Decode(
+        pb.DecodeRequest(ids=[101, 3231, 102], skip_special_tokens=True), metadata=meta("splade")
+    )
+    assert decoded.text == ok(post(singles["splade"], "/decode", {"ids": [101, 3231, 102]}))[0]
     streamed = list(
         stubs.tokenize.TokenizeStream(
             iter([pb.EncodeRequest(inputs=QUERY)] * 2), metadata=meta("splade")

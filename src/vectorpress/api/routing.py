@@ -55,7 +55,9 @@ class PrefixRouting:
             found = split_prefix(scope["path"], self.names)
             if found is not None:
                 name, rest = found
-                scope = {**scope, "path": rest, "raw_path": rest.encode(), SCOPE_KEY: name}
+                # In place, as routing marks the scope: the layers outside (the tracing
+                # middleware's span name) read what the layers inside wrote into it.
+                scope["path"], scope["raw_path"], scope[SCOPE_KEY] = rest, rest.encode(), name
         await self.app(scope, receive, send)
 
 

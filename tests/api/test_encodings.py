@@ -15,7 +15,7 @@ from sentence_transformers.util.quantization import quantize_embeddings
 from tests.api.conftest import post
 from tests.helpers.server import LiveServer
 from vectorpress.api import encodings
-from vectorpress.backends.torch.int8 import CALIBRATION
+from vectorpress.backends.common.calibration import CALIBRATION
 from vectorpress.core.calibration import Calibration
 from vectorpress.settings import Settings
 

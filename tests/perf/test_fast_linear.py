@@ -11,10 +11,11 @@ import torch.nn.functional as F
 
 from tests.helpers.reference import assert_close_vectors, st_encode
 from tests.helpers.texts import mixed_texts
+from vectorpress.backends.common.threads import num_threads
 from vectorpress.backends.torch.backend import TorchBackend
 from vectorpress.backends.torch.layers import _ONEDNN_POSTOPS, FusedLinear, onednn_supported
 from vectorpress.model_spec import load_model_spec
-from vectorpress.settings import Settings
+from vectorpress.settings import ModelSettings
 from vectorpress.types import Batch, Encoding
 
 
@@ -63,7 +64,7 @@ def test_unknown_activation_falls_back_unfused() -> None:
 
 
 def test_fast_model_matches_the_f_linear_model_and_sentence_transformers(minilm: Path) -> None:
-    spec = load_model_spec(minilm, Settings(model_id=str(minilm)))
+    spec = load_model_spec(minilm, ModelSettings(str(minilm)))
     backend = TorchBackend(spec, "cpu", "float32")
     backend.model.encoder.fuse(True)
     layer = backend.model.encoder.encoder.layer[0]
@@ -83,10 +84,10 @@ def test_a_big_batch_in_several_cpu_passes_equals_one_pass(
     minilm: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Batches over the pass size run as several passes; the vectors must not change."""
+    from vectorpress.backends.common.sequences import PackedSequences
     from vectorpress.backends.torch import passes as passes_module
-    from vectorpress.backends.torch.attention import PackedSequences
 
-    spec = load_model_spec(minilm, Settings(model_id=str(minilm)))
+    spec = load_model_spec(minilm, ModelSettings(str(minilm)))
     backend = TorchBackend(spec, "cpu", "float32")
     encodings = _encodings(minilm, mixed_texts(60, seed=5))
     total = sum(len(e) for e in encodings)
@@ -127,7 +128,7 @@ def test_kernels_and_threads_are_planned_by_timing_the_model(
     from vectorpress.backends.torch import layers, passes
     from vectorpress.backends.torch.passes import PassPlan, plan_passes
 
-    spec = load_model_spec(minilm, Settings(model_id=str(minilm)))
+    spec = load_model_spec(minilm, ModelSettings(str(minilm)))
     backend = TorchBackend(spec, "cpu", "float32")
     encoder = backend.model.encoder
     # Both kernels stay ready; each pass takes the one planned for its size.
@@ -155,7 +156,7 @@ def test_kernels_and_threads_are_planned_by_timing_the_model(
 
     def plan(**patch: object) -> PassPlan:
         # At least two threads, so that "one" and "all" differ; the count is restored after.
-        with monkeypatch.context() as m, passes.num_threads(max(2, torch.get_num_threads())):
+        with monkeypatch.context() as m, num_threads(max(2, torch.get_num_threads())):
             for name, fn in patch.items():
                 m.setattr(FusedLinear, name, fn)
             return plan_passes(encoder, spec.position_offset)
@@ -179,7 +180,7 @@ def test_kernels_and_threads_are_planned_by_timing_the_model(
     backend.passes = passes.CpuPasses(
         plan=PassPlan(small_onednn=True, large_onednn=False, small_threads=1)
     )
-    with passes.num_threads(2):
+    with num_threads(2):
         _embed(backend, _encodings(minilm, ["a short query"]))
         assert used and all(u == (True, 1) for u in used)
         used.clear()
@@ -190,7 +191,7 @@ def test_kernels_and_threads_are_planned_by_timing_the_model(
 def test_padded_passes_give_the_vectors_of_exact_ones(minilm: Path) -> None:
     from vectorpress.backends.torch.passes import CpuPasses, PassPlan, bucket_rows
 
-    spec = load_model_spec(minilm, Settings(model_id=str(minilm)))
+    spec = load_model_spec(minilm, ModelSettings(str(minilm)))
     backend = TorchBackend(spec, "cpu", "float32")
     backend.model.encoder.fuse(True)
     encodings = _encodings(minilm, mixed_texts(30, seed=11))

@@ -13,7 +13,7 @@ import numpy as np
 from starlette.requests import Request
 
 from vectorpress.api import encodings
-from vectorpress.api.state import get_state
+from vectorpress.api.routing import model_for
 from vectorpress.core.infer import Infer, Result
 from vectorpress.errors import EmptyError, ValidationError
 from vectorpress.types import Truncation
@@ -165,9 +165,9 @@ def typed_embeddings(
     return out
 
 
-def served_name(request: Request) -> str:
-    """The model name answers echo."""
-    return get_state(request).settings.model_name
+def served_name(request: Request, model: str | None) -> str:
+    """The name answers echo: the served model's own, whatever alias the body gave."""
+    return model_for(request, model).name
 
 
 def truncation(mode: str) -> tuple[bool, Truncation]:

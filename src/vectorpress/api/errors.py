@@ -87,7 +87,7 @@ PATH_DIALECTS: dict[str, str] = {
     "/classify": "vllm",
     "/v1/classify": "vllm",
     "/detokenize": "vllm",
-    "/v1/models": "vllm",
+    "/v1/models": "openai",
     "/models": "infinity",
 }
 
@@ -131,7 +131,20 @@ def vectorpress_error_response(
     path: str, exc: VectorpressError, scope: Scope | None = None
 ) -> Response:
     headers = {"Retry-After": "1"} if exc.http_status == 429 else None
-    return error_response(path, exc.message, exc.error_type, exc.http_status, headers, scope)
+    dialect = dialect_of(path, scope)
+    # TEI's and OpenAI's bodies come from the error itself (some kinds add fields there).
+    if dialect == "tei":
+        body = exc.to_json()
+    elif dialect == "openai":
+        body = exc.to_openai()
+    else:
+        body = SHAPES[dialect](exc.message, exc.error_type, exc.http_status)
+    return Response(
+        orjson.dumps(body),
+        status_code=exc.http_status,
+        media_type="application/json",
+        headers=headers,
+    )
 
 
 def internal_error_response(path: str, scope: Scope | None = None) -> Response:

@@ -22,6 +22,7 @@ _ERROR_TYPES = [
     "Overloaded",
     "Unhealthy",
     "Unauthorized",
+    "NotFound",
 ]
 
 _SCHEMAS: dict[str, Any] = {
@@ -31,6 +32,11 @@ _SCHEMAS: dict[str, Any] = {
         "properties": {
             "error": {"type": "string"},
             "error_type": {"type": "string", "enum": _ERROR_TYPES},
+            "models": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "With NotFound: the names of the served models",
+            },
         },
     },
     "OpenAIErrorResponse": {
@@ -38,8 +44,10 @@ _SCHEMAS: dict[str, Any] = {
         "required": ["message", "code", "type"],
         "properties": {
             "message": {"type": "string"},
-            "code": {"type": "integer"},
-            "type": {"type": "string", "enum": _ERROR_TYPES},
+            # The status, or OpenAI's reason (`model_not_found`) for an unknown model.
+            "code": {"anyOf": [{"type": "integer"}, {"type": "string"}]},
+            "type": {"type": "string", "enum": [*_ERROR_TYPES, "invalid_request_error"]},
+            "param": {"type": "string"},
         },
     },
     "CohereErrorResponse": {
@@ -241,17 +249,32 @@ _INFINITY_CLASSIFY = _object(
         **_INFINITY_ENVELOPE,
     }
 )
-_MODELS = _object(
-    {
-        "object": _STR,
+_MODEL_LIST = {
+    "type": "object",
+    "required": ["object", "data"],
+    "properties": {
+        "object": {"type": "string", "enum": ["list"]},
         "data": _array(
-            _object(
-                {"id": _STR, "object": _STR, "created": _INT, "owned_by": _STR},
-                {"capabilities": _array(_STR), "max_model_len": _INT},
-            )
+            {
+                "type": "object",
+                "required": ["id", "object", "created", "owned_by", "kind", "max_input_length"],
+                "properties": {
+                    "id": {"type": "string"},
+                    "object": {"type": "string", "enum": ["model"]},
+                    "created": {"type": "integer"},
+                    "owned_by": {"type": "string"},
+                    "kind": {
+                        "type": "string",
+                        "enum": ["embedding", "sparse_embedding", "reranker", "classifier"],
+                    },
+                    "max_input_length": {"type": "integer"},
+                    "aliases": _array({"type": "string"}),
+                    "default": {"type": "boolean"},
+                },
+            }
         ),
-    }
-)
+    },
+}
 
 #: The 200 body of each route.
 _OK: dict[str, dict[str, Any]] = {
@@ -274,8 +297,8 @@ _OK: dict[str, dict[str, Any]] = {
     "/v1/classify": _VLLM_CLASSIFY,
     "/classify": {"anyOf": [_VLLM_CLASSIFY, _INFINITY_CLASSIFY]},
     "/detokenize": _object({"prompt": _STR}),
-    "/v1/models": _MODELS,
-    "/models": _MODELS,
+    "/v1/models": _MODEL_LIST,
+    "/models": _MODEL_LIST,
     "/vertex": {
         "type": "object",
         "required": ["predictions"],
@@ -292,6 +315,7 @@ _POST_ERRORS = {
     "424": "The model cannot serve this route, or the forward pass failed",
     "429": "No admission permit was free; retry after the Retry-After header",
     "503": "The backend is not answering",
+    "404": "No served model has the name the body's `model` gives",
 }
 
 
@@ -350,6 +374,8 @@ def document(app: FastAPI, protected: bool) -> dict[str, Any]:
             if method == "post":
                 for status, description in _POST_ERRORS.items():
                     responses[status] = _error_response(description, path)
+            if path == "/info":
+                responses["404"] = _error_response("No served model has that name", path)
             if path == "/health":
                 responses["200"] = {"description": "The backend answers"}
                 responses["503"] = _error_response("The backend is not answering", path)

@@ -85,6 +85,11 @@ class Infer:
         self.calibration: Calibration | None = None
         """Ranges for int8/uint8 embeddings, set at start-up for dense embedding models."""
 
+    @property
+    def name(self) -> str:
+        """The model's served name, which its metrics carry as their `model` label."""
+        return self.metrics.model
+
     # -- checks shared by every route ----------------------------------------------------------
 
     def check_batch(self, n: int, what: str = "inputs") -> None:

@@ -50,7 +50,7 @@ async def rerank(body: RerankBody, request: Request, version: str) -> Response:
         results.append(item)
     payload = {
         "id": adapters.new_id(),
-        "model": adapters.served_name(request),
+        "model": adapters.served_name(request, body.model),
         "results": results,
         "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens},
         "meta": _meta(version, search_units=math.ceil(len(texts) / 100)),

@@ -16,10 +16,10 @@ from vectorpress.api.routing import infer_for
 from vectorpress.core.infer import Result
 
 
-def _envelope(request: Request, obj: str, result: Result[Any]) -> dict[str, Any]:
+def _envelope(request: Request, model: str | None, obj: str, result: Result[Any]) -> dict[str, Any]:
     return {
         "object": obj,
-        "model": adapters.served_name(request),
+        "model": adapters.served_name(request, model),
         "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens},
         "id": adapters.new_id("infinity-"),
         "created": adapters.now(),
@@ -40,7 +40,8 @@ async def rerank(body: InfinityRerankRequest, request: Request) -> Response:
         for i, s in ranked
     ]
     return json_response(
-        {**_envelope(request, "rerank", result), "results": results}, timing_headers(result)
+        {**_envelope(request, body.model, "rerank", result), "results": results},
+        timing_headers(result),
     )
 
 
@@ -49,5 +50,5 @@ async def classify(body: InfinityClassifyRequest, request: Request) -> Response:
     result = await infer.predict(body.input, raw_scores=body.raw_scores, batch=True)
     data = [[{"score": np.float32(s), "label": label} for label, s in one] for one in result.values]
     return json_response(
-        {**_envelope(request, "classify", result), "data": data}, timing_headers(result)
+        {**_envelope(request, body.model, "classify", result), "data": data}, timing_headers(result)
     )

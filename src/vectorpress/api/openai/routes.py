@@ -18,7 +18,8 @@ from vectorpress.api.jina.extras import task_prompt
 from vectorpress.api.native.common import json_response
 from vectorpress.api.native.schemas import as_batch
 from vectorpress.api.openai.schemas import EmbeddingsRequest
-from vectorpress.api.state import AppState, get_state
+from vectorpress.api.routing import model_for
+from vectorpress.api.state import ModelState
 from vectorpress.core.infer import Result
 from vectorpress.errors import ValidationError
 
@@ -50,7 +51,7 @@ def _wire(body: EmbeddingsRequest) -> tuple[str, bool]:
 
 
 async def _truncated_inputs(
-    state: AppState, inputs: list[str | list[int]], limit: int
+    state: ModelState, inputs: list[str | list[int]], limit: int
 ) -> list[str | list[int]]:
     """vLLM's `truncate_prompt_tokens`: the first `limit` tokens, special tokens counted."""
     if limit <= 0:
@@ -68,9 +69,9 @@ async def _truncated_inputs(
     return [next(cut) if isinstance(i, str) else i[:limit] for i in inputs]
 
 
-async def run_embeddings(state: AppState, body: EmbeddingsRequest) -> tuple[Any, Result[Any]]:
-    name = state.settings.model_name
-    if body.model is not None and body.model != name:
+async def run_embeddings(state: ModelState, body: EmbeddingsRequest) -> tuple[Any, Result[Any]]:
+    name = state.name
+    if body.model is not None and body.model not in state.names:
         log.warning("request asks for model %r; serving %r", body.model, name)
     inputs, is_batch = as_batch(body.input)
     dtype, as_base64 = _wire(body)
@@ -117,7 +118,7 @@ async def run_embeddings(state: AppState, body: EmbeddingsRequest) -> tuple[Any,
 
 
 async def embeddings(body: EmbeddingsRequest, request: Request) -> Response:
-    payload, result = await run_embeddings(get_state(request), body)
+    payload, result = await run_embeddings(model_for(request, body.model), body)
     return json_response(payload, timing_headers(result))
 
 

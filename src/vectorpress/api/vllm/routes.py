@@ -1,6 +1,5 @@
-"""POST /score, /v1/score, /v1/classify, /detokenize and GET /v1/models in vLLM's shapes.
-
-/classify is shared with Infinity, /models with Infinity too: see api/clash.py."""
+"""POST /score, /v1/score, /v1/classify and /detokenize in vLLM's shapes (its /v1/models is
+OpenAI's listing; /classify is shared with Infinity: see api/clash.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ from vectorpress.api import adapters
 from vectorpress.api.headers import timing_headers
 from vectorpress.api.native.common import json_response
 from vectorpress.api.routing import infer_for
-from vectorpress.api.state import get_state
 from vectorpress.api.vllm.schemas import DetokenizeRequest, ScoreRequest, VllmClassifyRequest
 from vectorpress.core import postprocess
 from vectorpress.core.infer import Infer, Result
@@ -104,7 +102,7 @@ async def score(body: ScoreRequest, request: Request) -> Response:
         "id": adapters.new_id("score-"),
         "object": "list",
         "created": adapters.now(),
-        "model": adapters.served_name(request),
+        "model": adapters.served_name(request, body.model),
         "data": [
             {"index": i, "object": "score", "score": np.float32(s)} for i, s in enumerate(scores)
         ],
@@ -143,7 +141,7 @@ async def run_classify(body: VllmClassifyRequest, request: Request) -> Response:
         "id": adapters.new_id("classify-"),
         "object": "list",
         "created": adapters.now(),
-        "model": adapters.served_name(request),
+        "model": adapters.served_name(request, body.model),
         "data": data,
         "usage": usage(result),
     }
@@ -162,37 +160,3 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> Response:
         raise EmptyError("Input validation error: `tokens` cannot be empty")
     texts = await infer.decode([body.tokens])
     return json_response({"prompt": texts[0]})
-
-
-def models_payload(request: Request) -> dict[str, Any]:
-    """The served models, with the fields of both vLLM's (OpenAI's) and Infinity's listings."""
-    state = get_state(request)
-    infer = state.infer
-    name = state.settings.model_name
-    capabilities = {
-        "embedding": ["embed"],
-        "reranker": ["rerank", "classify"],
-        "classifier": ["classify"],
-    }.get(infer.spec.kind, [])
-    card = {
-        "id": name,
-        "object": "model",
-        "created": adapters.now(),
-        "owned_by": "vectorpress",
-        "root": state.settings.model_id,
-        "parent": None,
-        "max_model_len": infer.spec.max_input_length,
-        "permission": [],
-        "backend": state.backend_name,
-        "capabilities": capabilities,
-        "stats": {"queue_fraction": 0.0, "queue_absolute": len(infer.queue), "results_pending": 0},
-    }
-    return {"object": "list", "data": [card]}
-
-
-@router.get("/v1/models", summary="The served models (vLLM's and Infinity's listing)")
-async def models(request: Request) -> Response:
-    return json_response(models_payload(request))
-
-
-router.add_api_route("/models", models, methods=["GET"], summary="Alias of /v1/models (Infinity)")

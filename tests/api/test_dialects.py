@@ -176,8 +176,8 @@ def test_models_listing(embedding_server: LiveServer) -> None:
         response = embedding_server_get(embedding_server, path)
         assert response["object"] == "list"
         (card,) = response["data"]
-        assert card["object"] == "model" and card["id"] == embedding_server.settings.model_name
-        assert card["capabilities"] == ["embed"] and card["max_model_len"] > 0
+        assert card["object"] == "model" and card["id"] == str(embedding_server.infer.spec.path)
+        assert card["capabilities"] == ["embed"] and card["max_model_len"] == 128
 
 
 def embedding_server_get(server: LiveServer, path: str) -> Any:

@@ -25,7 +25,7 @@ TEXTS = [t for t in corpus(80, seed=3) if len(t) < 300][:24]
 
 @pytest.fixture(scope="module")
 def server(minilm: Path) -> Iterator[LiveServer]:
-    with LiveServer(Settings(model_id=str(minilm))) as srv:
+    with LiveServer(Settings.single(str(minilm))) as srv:
         yield srv
 
 

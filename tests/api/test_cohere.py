@@ -195,3 +195,19 @@ def test_v2_embed_errors_are_sdk_exceptions(embedding_server: LiveServer) -> Non
     with pytest.raises(ApiError) as api:
         client.rerank(model="m", query=QUERY, documents=DOCS)
     assert api.value.status_code == 424 and "re-ranker" in api.value.body["message"]
+
+
+def test_v2_rerank_max_tokens_per_doc(reranker_server: LiveServer) -> None:
+    long_docs = [d + " It has many other things to say about that." for d in DOCS]
+    result = v2(reranker_server).rerank(
+        model="m", query=QUERY, documents=long_docs, max_tokens_per_doc=4
+    )
+    # Scored as TEI scores each document's first four tokens.
+    tokens = post(reranker_server, "/tokenize", {"inputs": long_docs, "add_special_tokens": False})
+    cut = [
+        d.encode()[: t[3]["stop"]].decode() for d, t in zip(long_docs, tokens.json(), strict=True)
+    ]
+    response = post(reranker_server, "/rerank", {"query": QUERY, "texts": cut})
+    expected = {r["index"]: r["score"] for r in response.json()}
+    assert {r.index: r.relevance_score for r in result.results} == expected
+    assert expected != tei_rerank(reranker_server)

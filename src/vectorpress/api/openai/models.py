@@ -13,6 +13,13 @@ from vectorpress.api.state import AppState, ModelState, get_state
 router = APIRouter(tags=["OpenAI"])
 
 
+_CAPABILITIES = {
+    "embedding": ["embed"],
+    "reranker": ["rerank", "classify"],
+    "classifier": ["classify"],
+}
+
+
 def model_object(state: AppState, model: ModelState) -> dict[str, Any]:
     spec = model.infer.spec
     return {
@@ -25,6 +32,18 @@ def model_object(state: AppState, model: ModelState) -> dict[str, Any]:
         "max_input_length": spec.max_input_length,
         "aliases": list(model.settings.aliases),
         "default": model is state.default,
+        # What vLLM's and Infinity's listings add, so their clients read this one too.
+        "root": model.settings.model_id,
+        "parent": None,
+        "max_model_len": spec.max_input_length,
+        "permission": [],
+        "backend": model.backend_name,
+        "capabilities": _CAPABILITIES.get(spec.kind, []),
+        "stats": {
+            "queue_fraction": 0.0,
+            "queue_absolute": len(model.infer.queue),
+            "results_pending": 0,
+        },
     }
 
 

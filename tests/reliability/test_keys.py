@@ -20,6 +20,9 @@ OPEN = {
     ("GET", "/ping"),
     ("GET", "/metrics"),
     ("GET", "/docs"),
+    ("GET", "/docs/oauth2-redirect"),
+    ("GET", "/docs/assets/swagger-ui-bundle.js"),
+    ("GET", "/docs/assets/swagger-ui.css"),
     ("GET", "/api-doc/openapi.json"),
 }
 PROTECTED = [

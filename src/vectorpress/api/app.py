@@ -51,7 +51,8 @@ def create_app(state: AppState) -> FastAPI:
         summary="Text embeddings, sparse embeddings, reranking and classification; "
         "compatible with text-embeddings-inference",
         version=__version__,
-        docs_url="/docs",
+        # /docs is openapi.install's: Swagger UI from a local package, not a CDN.
+        docs_url=None,
         openapi_url="/api-doc/openapi.json",
         redoc_url=None,
     )

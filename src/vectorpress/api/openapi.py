@@ -1,18 +1,30 @@
-"""The served OpenAPI document, made exact: every status a route can answer, with its body.
+"""The served OpenAPI document, made exact, and the Swagger UI that shows it, served offline.
 
 FastAPI documents only 200 and its own 422 shape; vectorpress answers TEI's error JSON with
 TEI's statuses, and clients generated from the document (and the fuzzing tests) need those.
+
+FastAPI's own `/docs` loads Swagger UI from a CDN, a blank page in an air-gapped deployment; the
+UI's files come from the `swagger-ui-bundle-v2` package instead and are served under
+`/docs/assets/`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.openapi.docs import get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from fastapi.openapi.utils import get_openapi
+from starlette.responses import HTMLResponse
+from starlette.staticfiles import StaticFiles
 
 from vectorpress.api import clash
 from vectorpress.api.errors import dialect_of
+
+DOCS = "/docs"
+DOCS_OAUTH2_REDIRECT = "/docs/oauth2-redirect"
+#: Swagger UI's own files (script, style, icons); public like the page that loads them.
+DOCS_ASSETS = "/docs/assets"
 
 _ERROR_TYPES = [
     "Empty",
@@ -386,4 +398,25 @@ def document(app: FastAPI, protected: bool) -> dict[str, Any]:
 
 
 def install(app: FastAPI, protected: bool) -> None:
+    """Serve the document at the app's openapi_url and Swagger UI at /docs (docs_url=None)."""
+    from swagger_ui_bundle import swagger_ui_path
+
     app.openapi = lambda: document(app, protected)  # type: ignore[method-assign]
+    app.mount(DOCS_ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
+    openapi_url = app.openapi_url or "/api-doc/openapi.json"
+
+    @app.get(DOCS, include_in_schema=False)
+    async def swagger_ui(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_swagger_ui_html(
+            openapi_url=f"{root}{openapi_url}",
+            title=f"{app.title} - Swagger UI",
+            swagger_js_url=f"{root}{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{root}{DOCS_ASSETS}/favicon-32x32.png",
+            oauth2_redirect_url=f"{root}{DOCS_OAUTH2_REDIRECT}",
+        )
+
+    @app.get(DOCS_OAUTH2_REDIRECT, include_in_schema=False)
+    async def swagger_ui_redirect() -> HTMLResponse:
+        return get_swagger_ui_oauth2_redirect_html()

@@ -1,5 +1,5 @@
 """GET /v1/models: OpenAI's list of the served models, with what each can do; also GET /models
-(Infinity's listing, with its and vLLM's fields)."""
+(Infinity's listing path)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from vectorpress.api.state import AppState, ModelState, get_state
 router = APIRouter(tags=["OpenAI"])
 
 
-#: What each kind of model answers, in Infinity's words.
 _CAPABILITIES = {
     "embedding": ["embed"],
     "reranker": ["rerank", "classify"],
@@ -34,14 +33,18 @@ def model_object(state: AppState, model: ModelState) -> dict[str, Any]:
         "max_input_length": spec.max_input_length,
         "aliases": list(model.settings.aliases),
         "default": model is state.default,
-        # vLLM's and Infinity's listing fields, so their clients read this list too.
+        # What vLLM's and Infinity's listings add, so their clients read this one too.
         "root": model.settings.model_id,
         "parent": None,
         "max_model_len": spec.max_input_length,
         "permission": [],
         "backend": model.backend_name,
         "capabilities": _CAPABILITIES.get(spec.kind, []),
-        "stats": {"queue_absolute": len(model.infer.queue)},
+        "stats": {
+            "queue_fraction": 0.0,
+            "queue_absolute": len(model.infer.queue),
+            "results_pending": 0,
+        },
     }
 
 

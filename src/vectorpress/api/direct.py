@@ -15,10 +15,10 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 import pydantic
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from vectorpress.api import answers
 from vectorpress.api.errors import internal_error_response, vectorpress_error_response
 from vectorpress.api.headers import timing_headers
 from vectorpress.api.state import AppState
@@ -80,7 +80,7 @@ class DirectRoutes:
             log.exception("unexpected error on %s", path)
             await internal_error_response(path)(scope, receive, send)
             return
-        content = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
+        content = await answers.json_body(payload)
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(content)).encode()),

@@ -14,7 +14,7 @@ from vectorpress.core import postprocess
 from vectorpress.core.admission import Admission
 from vectorpress.core.metrics import Metrics
 from vectorpress.core.queue import BatchingQueue
-from vectorpress.core.tokenization import PairInput, TextInput, Token, TokenizerPool
+from vectorpress.core.tokenization import PairInput, TextInput, TokenizerPool, Tokens
 from vectorpress.core.worker import BackendWorker
 from vectorpress.errors import (
     BackendError,
@@ -446,7 +446,7 @@ class Infer:
         *,
         add_special_tokens: bool = True,
         prompt_name: str | None = None,
-    ) -> list[list[Token]]:
+    ) -> list[Tokens]:
         self.check_batch(len(inputs))
         try:
             return await self.tokenizers.tokenize(

@@ -14,14 +14,16 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+import numpy as np
 
+from vectorpress.api import answers
 from vectorpress.api.grpc.streams import ordered
 from vectorpress.api.grpc.stubs import pb, pb_grpc
 from vectorpress.api.headers import timing_headers
 from vectorpress.api.state import AppState
 from vectorpress.core import postprocess
 from vectorpress.core.infer import Result
-from vectorpress.core.tokenization import PairInput, Token
+from vectorpress.core.tokenization import PairInput, Tokens
 from vectorpress.errors import EmptyError, ModelTypeError, ValidationError, VectorpressError
 from vectorpress.types import Timings, Truncation
 
@@ -178,7 +180,8 @@ class EmbedService(_Service, pb_grpc.EmbedServicer):
             prompt_name=optional(req, "prompt_name"),
             wait_for_permits=wait,
         )
-        tokens = [pb.TokenEmbedding(embeddings=row) for row in result.values[0].tolist()]
+        hidden = result.values[0]
+        tokens = await answers.off_loop(hidden.size, _token_embeddings, hidden)
         return pb.EmbedAllResponse(token_embeddings=tokens, metadata=metadata(result)), result
 
     async def Embed(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -329,9 +332,18 @@ class RerankService(_Service, pb_grpc.RerankServicer):
         return await self._unary(context, self._rerank_stream(request_iterator))
 
 
-def _token(t: Token) -> Any:
-    extra = {k: v for k, v in (("start", t.start), ("stop", t.stop)) if v is not None}
-    return pb.SimpleToken(id=t.id, text=t.text, special=t.special, **extra)
+def _token_embeddings(hidden: np.ndarray) -> list[Any]:
+    return [pb.TokenEmbedding(embeddings=row) for row in hidden.tolist()]
+
+
+def _encode_response(t: Tokens) -> Any:
+    tokens = [
+        pb.SimpleToken(id=i, text=x, special=True)
+        if a is None
+        else pb.SimpleToken(id=i, text=x, special=s, start=a, stop=b)
+        for i, x, s, a, b in zip(t.ids, t.texts, t.special, t.starts, t.stops, strict=True)
+    ]
+    return pb.EncodeResponse(tokens=tokens)
 
 
 class TokenizeService(_Service, pb_grpc.TokenizeServicer):
@@ -341,7 +353,7 @@ class TokenizeService(_Service, pb_grpc.TokenizeServicer):
             add_special_tokens=req.add_special_tokens,
             prompt_name=optional(req, "prompt_name"),
         )
-        return pb.EncodeResponse(tokens=[_token(t) for t in tokens[0]]), None
+        return await answers.off_loop(len(tokens[0]), _encode_response, tokens[0]), None
 
     async def _decode(self, req: Any) -> Answer:
         texts = await self.infer.decode(

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from vectorpress.api.headers import timing_headers
-from vectorpress.api.native.common import json_response
+from vectorpress.api.native.common import json_answer
 from vectorpress.api.native.schemas import (
     PredictRequest,
     RerankRequest,
@@ -62,7 +62,7 @@ async def run_rerank(state: AppState, body: RerankRequest) -> tuple[Any, Result[
 )
 async def predict(body: PredictRequest, request: Request) -> Response:
     payload, result = await run_predict(get_state(request), body)
-    return json_response(payload, timing_headers(result))
+    return await json_answer(payload, timing_headers(result))
 
 
 @router.post(
@@ -70,4 +70,4 @@ async def predict(body: PredictRequest, request: Request) -> Response:
 )
 async def rerank(body: RerankRequest, request: Request) -> Response:
     payload, result = await run_rerank(get_state(request), body)
-    return json_response(payload, timing_headers(result))
+    return await json_answer(payload, timing_headers(result))

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from vectorpress.api.headers import timing_headers
-from vectorpress.api.native.common import json_response
+from vectorpress.api.native.common import json_answer
 from vectorpress.api.native.schemas import as_batch
 from vectorpress.api.openai.schemas import EmbeddingsRequest
 from vectorpress.api.state import AppState, get_state
@@ -49,7 +49,7 @@ async def run_embeddings(state: AppState, body: EmbeddingsRequest) -> tuple[Any,
 
 async def embeddings(body: EmbeddingsRequest, request: Request) -> Response:
     payload, result = await run_embeddings(get_state(request), body)
-    return json_response(payload, timing_headers(result))
+    return await json_answer(payload, timing_headers(result))
 
 
 router.add_api_route(

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import os
 import signal
 import socket
 import threading
@@ -25,6 +24,7 @@ from vectorpress.core.metrics import Metrics
 from vectorpress.core.queue import BatchingQueue
 from vectorpress.core.tokenization import TokenizerPool
 from vectorpress.core.worker import BackendWorker, ModelThread, limit_malloc_arenas
+from vectorpress.cpus import available_cpus
 from vectorpress.hub import resolve_model
 from vectorpress.model_spec import ModelSpec, load_model_spec
 from vectorpress.observability.tracing import Tracing
@@ -125,7 +125,7 @@ BackendFactory = Callable[[ModelSpec, Settings], Backend]
 
 def load(settings: Settings, make_backend: BackendFactory = select_backend) -> Served:
     limit_malloc_arenas()
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch.set_num_threads(available_cpus())
     folder = resolve_model(
         settings.model_id,
         settings.revision,
@@ -161,6 +161,8 @@ def load(settings: Settings, make_backend: BackendFactory = select_backend) -> S
         "max_batch_requests": infer.queue.max_batch_requests,
         "max_concurrent_requests": settings.max_concurrent_requests,
         "max_client_batch_size": settings.max_client_batch_size,
+        "threads": torch.get_num_threads(),
+        "tokenization_workers": settings.tokenization_workers,
     }
     log.info("model loaded and warmed up", extra=startup)
     return Served(settings, spec, backend, infer, state, tracing)

@@ -6,9 +6,9 @@ library code never reads the environment for these values.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, fields
 
+from vectorpress.cpus import available_cpus
 from vectorpress.errors import StartupError
 
 DTYPES = ("float32", "float16", "bfloat16", "int8")
@@ -19,7 +19,7 @@ DEVICES = ("auto", "cpu", "cuda")
 
 def default_tokenization_workers() -> int:
     # TEI uses cores - 1 so that one core stays free for the forward pass; clamped to 1..64.
-    return max(1, min(64, (os.cpu_count() or 1) - 1))
+    return max(1, min(64, available_cpus() - 1))
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ into the packed layout, so pooling, Dense modules and raw outputs are the torch 
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +31,7 @@ from vectorpress.backends.torch.pooling import (
     splade_vectors,
 )
 from vectorpress.backends.torch.registry import lookup
+from vectorpress.cpus import available_cpus
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec
 from vectorpress.settings import Settings
@@ -132,7 +132,7 @@ class OnnxBackend:
         self.dtype = "float32"
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.intra_op_num_threads = os.cpu_count() or 1
+        options.intra_op_num_threads = available_cpus()
         options.inter_op_num_threads = 1
         providers = ["CPUExecutionProvider"]
         self.device = "cpu"

@@ -52,8 +52,8 @@ def serve(http_port: int, grpc_port: int, samples: Path) -> None:
     from vectorpress.server import serve as serve_forever
     from vectorpress.settings import Settings
 
-    settings = Settings(
-        model_id=str(minilm_path()),
+    settings = Settings.single(
+        str(minilm_path()),
         hostname="127.0.0.1",
         port=http_port,
         grpc_port=grpc_port,

@@ -30,7 +30,7 @@ CJK = "".join(chr(0x4E00 + (i * 7919) % 20000) for i in range(30_000))
 
 @pytest.fixture(scope="module")
 def served(minilm: Path) -> Iterator[tuple[LiveServer, Stubs]]:
-    with LiveServer(Settings(model_id=str(minilm)), grpc=True) as srv:
+    with LiveServer(Settings.single(str(minilm)), grpc=True) as srv:
         stubs = Stubs.connect(srv.grpc_target)
         try:
             yield srv, stubs

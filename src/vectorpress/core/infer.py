@@ -194,6 +194,13 @@ class Infer:
         with tracing.request_span(self.tracer, operation, n):
             return await self._counted(method, call)
 
+    async def stream_request(
+        self, call: Callable[[], Awaitable[Result[T]]], operation: str
+    ) -> Result[T]:
+        """One request made of a stream's messages (gRPC RerankStream): counted once, as TEI
+        counts a stream; the messages are `predict(..., counted=False)` calls inside `call`."""
+        return await self._request(0, call, operation, batch=True)
+
     async def _counted(self, method: str, call: Callable[[], Awaitable[Result[T]]]) -> Result[T]:
         """Count a request and time it; failures are counted by their error kind."""
         self.metrics.inc("te_request_count", method=method)
@@ -375,8 +382,13 @@ class Infer:
         raw_scores: bool = False,
         wait_for_permits: bool = False,
         batch: bool | None = None,
+        counted: bool = True,
     ) -> Result[list[list[tuple[str, float]]]]:
-        """Per input, every (label, score) sorted by score descending."""
+        """Per input, every (label, score) sorted by score descending.
+
+        `counted=False` leaves the request metrics to a caller that counts a larger request
+        this is part of (`stream_request`).
+        """
 
         async def call() -> Result[list[list[tuple[str, float]]]]:
             if self.spec.kind == "embedding":
@@ -400,6 +412,8 @@ class Infer:
             chars = sum(len(i) if isinstance(i, str) else len(i[0]) + len(i[1]) for i in inputs)
             return self._result(out, run, chars)
 
+        if not counted:
+            return await call()
         return await self._request(len(inputs), call, "predict", batch)
 
     async def rerank(

@@ -9,7 +9,6 @@ means false, never `--auto-truncate`.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -289,7 +288,6 @@ class RerankService(_Service, pb_grpc.RerankServicer):
 
     async def _rerank_stream(self, requests: AsyncIterable[Any]) -> Answer:
         self._require_reranker()
-        started = time.perf_counter()
         first: list[Any] = []
         texts: list[str] = []
 
@@ -303,26 +301,29 @@ class RerankService(_Service, pb_grpc.RerankServicer):
                 direction=direction(m.truncation_direction),
                 raw_scores=first[0].raw_scores,
                 wait_for_permits=True,
+                counted=False,
             )
 
-        results = [r async for r in ordered(requests, score, self.max_parallel)]
-        if not results:
-            raise EmptyError("`texts` cannot be empty")
-        scores = [r.values[0][0][1] for r in results]
-        order = [(i, scores[i]) for i in postprocess.rerank_order(scores)]
-        n = len(results)
-        total = Result(
-            order,
-            chars=sum(r.chars for r in results),
-            tokens=sum(r.tokens for r in results),
-            timings=Timings(
-                tokenization=sum(r.timings.tokenization for r in results if r.timings) / n,
-                queue=sum(r.timings.queue for r in results if r.timings) / n,
-                inference=sum(r.timings.inference for r in results if r.timings) / n,
-            ),
-            total_time=time.perf_counter() - started,
-        )
-        ranks = self._ranks(order, texts if first[0].return_text else None)
+        async def ranked() -> Result[list[tuple[int, float]]]:
+            results = [r async for r in ordered(requests, score, self.max_parallel)]
+            if not results:
+                raise EmptyError("`texts` cannot be empty")
+            scores = [r.values[0][0][1] for r in results]
+            n = len(results)
+            return Result(
+                [(i, scores[i]) for i in postprocess.rerank_order(scores)],
+                chars=sum(r.chars for r in results),
+                tokens=sum(r.tokens for r in results),
+                timings=Timings(
+                    tokenization=sum(r.timings.tokenization for r in results if r.timings) / n,
+                    queue=sum(r.timings.queue for r in results if r.timings) / n,
+                    inference=sum(r.timings.inference for r in results if r.timings) / n,
+                ),
+            )
+
+        # TEI counts a stream as one batch request, however many messages it has.
+        total = await self.infer.stream_request(ranked, "rerank")
+        ranks = self._ranks(total.values, texts if first[0].return_text else None)
         return pb.RerankResponse(ranks=ranks, metadata=metadata(total)), total
 
     async def Rerank(self, request: Any, context: grpc.aio.ServicerContext) -> Any:

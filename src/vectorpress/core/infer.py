@@ -493,7 +493,9 @@ class Infer:
         # backend queues one forward pass, not one each.
         if self._probe is None or self._probe.done():
             loop = asyncio.get_running_loop()
-            probe = Encoding(ids=[0], type_ids=[0], position_offset=self.spec.position_offset)
+            probe = Encoding(
+                ids=[0], type_ids=[0], position_offset=self.spec.position_offset, probe=True
+            )
             entry = Entry(probe, OutputKind.POOLED, loop.create_future(), loop)
             try:
                 self.queue.put([entry])

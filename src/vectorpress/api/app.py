@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from vectorpress import __version__
-from vectorpress.api import openapi
+from vectorpress.api import bodies, openapi
 from vectorpress.api.direct import DirectRoute, DirectRoutes
 from vectorpress.api.disconnect import DisconnectMiddleware
 from vectorpress.api.errors import install_error_handlers
@@ -49,6 +49,7 @@ def create_app(state: AppState) -> FastAPI:
         docs_url="/docs",
         openapi_url="/api-doc/openapi.json",
         redoc_url=None,
+        dependencies=[Depends(bodies.refuse_bodies)],
     )
     app.state.vp = state
     install_error_handlers(app)

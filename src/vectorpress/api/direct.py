@@ -18,8 +18,12 @@ from typing import Any
 import pydantic
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from vectorpress.api import answers
-from vectorpress.api.errors import internal_error_response, vectorpress_error_response
+from vectorpress.api import answers, bodies
+from vectorpress.api.errors import (
+    error_response,
+    internal_error_response,
+    vectorpress_error_response,
+)
 from vectorpress.api.headers import timing_headers
 from vectorpress.api.state import AppState
 from vectorpress.core.infer import Result
@@ -64,6 +68,11 @@ class DirectRoutes:
             if not message.get("more_body", False):
                 break
         raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        refusal = bodies.refused(raw)
+        if refusal is not None:
+            answer = error_response(route.path, bodies.PREFIX + refusal, "Validation", 400)
+            await answer(scope, receive, send)
+            return
         try:
             body = route.body.model_validate_json(raw)
         except pydantic.ValidationError:

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import os
 import signal
 import socket
 import threading
@@ -28,6 +27,7 @@ from vectorpress.core.models import Models
 from vectorpress.core.queue import BatchingQueue
 from vectorpress.core.tokenization import TokenizerPool
 from vectorpress.core.worker import BackendWorker, ModelThread, limit_malloc_arenas
+from vectorpress.cpus import available_cpus
 from vectorpress.errors import StartupError
 from vectorpress.hub import resolve_model
 from vectorpress.model_spec import ModelSpec, load_model_spec
@@ -172,7 +172,7 @@ def load(config: Settings, make_backend: BackendFactory = select_backend) -> Ser
     """Load, warm up and start every model, in order; if one fails, those already started are
     stopped and start-up fails with one line naming the model."""
     limit_malloc_arenas()
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch.set_num_threads(available_cpus())
     server = config.server
     registry = Registry()
     tracing = Tracing.from_settings(server)
@@ -254,6 +254,8 @@ def _load_one(
         "max_batch_requests": infer.queue.max_batch_requests,
         "max_concurrent_requests": server.max_concurrent_requests,
         "max_client_batch_size": settings.max_client_batch_size,
+        "threads": torch.get_num_threads(),
+        "tokenization_workers": settings.tokenization_workers,
     }
     log.info("model loaded and warmed up", extra=startup)
     return LoadedModel(settings, spec, backend, infer, state)

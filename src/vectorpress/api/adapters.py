@@ -90,7 +90,7 @@ async def cut_to_tokens(infer: Infer, texts: list[str], limit: int | None) -> li
         if len(pieces) <= limit:
             out.append(text)
             continue
-        stop = pieces[limit - 1].stop or 0
+        stop = pieces.stops[limit - 1] or 0
         out.append(text.encode("utf-8")[:stop].decode("utf-8", "ignore"))
     return out
 

@@ -3,11 +3,11 @@ AppState."""
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from vectorpress import __version__
-from vectorpress.api import openapi
+from vectorpress.api import bodies, openapi
 from vectorpress.api.clash import router as clash_router
 from vectorpress.api.cohere.routes import router as cohere_router
 from vectorpress.api.direct import DirectRoute, DirectRoutes
@@ -55,6 +55,7 @@ def create_app(state: AppState) -> FastAPI:
         docs_url=None,
         openapi_url="/api-doc/openapi.json",
         redoc_url=None,
+        dependencies=[Depends(bodies.refuse_bodies)],
     )
     app.state.vp = state
     install_error_handlers(app)

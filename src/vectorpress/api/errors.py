@@ -19,11 +19,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import Scope
 
+from vectorpress.api import bodies
 from vectorpress.errors import VectorpressError
 
 log = logging.getLogger(__name__)
 
 Shape = Callable[[str, str, int], dict[str, Any]]
+
+#: What FastAPI answers when parsing a body raised something other than a JSON error (a
+#: RecursionError, a UnicodeDecodeError).
+_FASTAPI_PARSE_FAILURE = "There was an error parsing the body"
 
 
 def _tei(message: str, error_type: str, status: int) -> dict[str, Any]:
@@ -152,10 +157,23 @@ def internal_error_response(path: str, scope: Scope | None = None) -> Response:
     return error_response(path, "internal error", "Backend", 500, scope=scope)
 
 
-def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
+def _parse_failure(request: Request) -> str | None:
+    """serde_json's words for a body that did not parse, when the body was read and they apply.
+
+    The request is the one the route read its body from, so the body is at hand.
+    """
+    raw = getattr(request, "_body", None)
+    message = bodies.problem(raw) if isinstance(raw, bytes) else None
+    return None if message is None else bodies.PREFIX + message
+
+
+def _validation_message(exc: RequestValidationError, request: Request) -> tuple[int, str]:
     errors = exc.errors()
     for err in errors:
         if err.get("type") == "json_invalid":
+            precise = _parse_failure(request)
+            if precise is not None:
+                return 400, precise
             ctx = err.get("ctx") or {}
             detail = ctx.get("error", err.get("msg", "invalid JSON"))
             return 400, f"Failed to parse the request body as JSON: {detail}"
@@ -178,7 +196,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:
-        status, message = _validation_message(exc)
+        status, message = _validation_message(exc, request)
         return error_response(request.url.path, message, "Validation", status, scope=request.scope)
 
     @app.exception_handler(StarletteHTTPException)
@@ -188,9 +206,12 @@ def install_error_handlers(app: FastAPI) -> None:
         error_type = {401: "Unauthorized", 404: "NotFound", 405: "MethodNotAllowed"}.get(
             exc.status_code, "Validation"
         )
+        detail = str(exc.detail)
+        if exc.status_code == 400 and detail == _FASTAPI_PARSE_FAILURE:
+            detail = _parse_failure(request) or f"{bodies.PREFIX}invalid JSON"
         return error_response(
             request.url.path,
-            str(exc.detail),
+            detail,
             error_type,
             exc.status_code,
             dict(exc.headers) if exc.headers else None,

@@ -15,7 +15,7 @@ from vectorpress.core.admission import Admission
 from vectorpress.core.calibration import Calibration
 from vectorpress.core.metrics import Metrics
 from vectorpress.core.queue import BatchingQueue
-from vectorpress.core.tokenization import PairInput, TextInput, Token, TokenizerPool
+from vectorpress.core.tokenization import PairInput, TextInput, TokenizerPool, Tokens
 from vectorpress.core.worker import BackendWorker
 from vectorpress.errors import (
     BackendError,
@@ -202,6 +202,13 @@ class Infer:
         with tracing.request_span(self.tracer, operation, n):
             return await self._counted(method, call)
 
+    async def stream_request(
+        self, call: Callable[[], Awaitable[Result[T]]], operation: str
+    ) -> Result[T]:
+        """One request made of a stream's messages (gRPC RerankStream): counted once, as TEI
+        counts a stream; the messages are `predict(..., counted=False)` calls inside `call`."""
+        return await self._request(0, call, operation, batch=True)
+
     async def _counted(self, method: str, call: Callable[[], Awaitable[Result[T]]]) -> Result[T]:
         """Count a request and time it; failures are counted by their error kind."""
         self.metrics.inc("te_request_count", method=method)
@@ -383,8 +390,13 @@ class Infer:
         raw_scores: bool = False,
         wait_for_permits: bool = False,
         batch: bool | None = None,
+        counted: bool = True,
     ) -> Result[list[list[tuple[str, float]]]]:
-        """Per input, every (label, score) sorted by score descending."""
+        """Per input, every (label, score) sorted by score descending.
+
+        `counted=False` leaves the request metrics to a caller that counts a larger request
+        this is part of (`stream_request`).
+        """
 
         async def call() -> Result[list[list[tuple[str, float]]]]:
             if self.spec.kind == "embedding":
@@ -408,6 +420,8 @@ class Infer:
             chars = sum(len(i) if isinstance(i, str) else len(i[0]) + len(i[1]) for i in inputs)
             return self._result(out, run, chars)
 
+        if not counted:
+            return await call()
         return await self._request(len(inputs), call, "predict", batch)
 
     async def rerank(
@@ -454,7 +468,7 @@ class Infer:
         *,
         add_special_tokens: bool = True,
         prompt_name: str | None = None,
-    ) -> list[list[Token]]:
+    ) -> list[Tokens]:
         self.check_batch(len(inputs))
         try:
             return await self.tokenizers.tokenize(
@@ -487,7 +501,9 @@ class Infer:
         # backend queues one forward pass, not one each.
         if self._probe is None or self._probe.done():
             loop = asyncio.get_running_loop()
-            probe = Encoding(ids=[0], type_ids=[0], position_offset=self.spec.position_offset)
+            probe = Encoding(
+                ids=[0], type_ids=[0], position_offset=self.spec.position_offset, probe=True
+            )
             entry = Entry(probe, OutputKind.POOLED, loop.create_future(), loop)
             try:
                 self.queue.put([entry])

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from vectorpress.api.headers import timing_headers
-from vectorpress.api.native.common import json_response
+from vectorpress.api.native.common import json_answer
 from vectorpress.api.native.schemas import (
     PredictRequest,
     RerankRequest,
@@ -63,10 +63,10 @@ async def run_rerank(state: ModelState, body: RerankRequest) -> tuple[Any, Resul
 )
 async def predict(body: PredictRequest, request: Request) -> Response:
     payload, result = await run_predict(model_for(request, body.model), body)
-    return json_response(payload, timing_headers(result))
+    return await json_answer(payload, timing_headers(result))
 
 
 # Served on /rerank through api/clash.py, which shares the path with Infinity's body.
 async def rerank(body: RerankRequest, request: Request) -> Response:
     payload, result = await run_rerank(model_for(request, body.model), body)
-    return json_response(payload, timing_headers(result))
+    return await json_answer(payload, timing_headers(result))

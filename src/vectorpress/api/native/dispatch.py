@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from vectorpress.api.headers import timing_headers
 from vectorpress.api.native.classify import run_predict, run_rerank
-from vectorpress.api.native.common import json_response, read_json, validate, validate_instance
+from vectorpress.api.native.common import json_answer, read_json, validate, validate_instance
 from vectorpress.api.native.embed import (
     run_embed,
     run_embed_sparse,
@@ -63,7 +63,7 @@ async def _default(request: Request) -> Response:
     model, handler = default_route(state)
     body = validate(model, data)
     payload, result = await handler(state, body)
-    return json_response(payload, timing_headers(result))
+    return await json_answer(payload, timing_headers(result))
 
 
 _DEFAULT_DOC = (
@@ -105,4 +105,4 @@ async def vertex(body: VertexRequest, request: Request) -> Response:
     for p in predictions:
         if isinstance(p, BaseException):
             raise p  # the first failing instance in request order, as TEI
-    return json_response({"predictions": predictions})
+    return await json_answer({"predictions": predictions})

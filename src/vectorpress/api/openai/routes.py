@@ -15,7 +15,7 @@ from starlette.responses import Response
 from vectorpress.api import adapters, encodings
 from vectorpress.api.headers import timing_headers
 from vectorpress.api.jina.extras import task_prompt
-from vectorpress.api.native.common import json_response
+from vectorpress.api.native.common import json_answer
 from vectorpress.api.native.schemas import as_batch
 from vectorpress.api.openai.schemas import EmbeddingsRequest
 from vectorpress.api.routing import model_for
@@ -58,7 +58,7 @@ async def _truncated_inputs(
         raise ValidationError(
             "Input validation error: `truncate_prompt_tokens` must be -1 or a positive integer"
         )
-    specials = sum(t.special for t in (await state.infer.tokenize(["a"]))[0])
+    specials = sum((await state.infer.tokenize(["a"]))[0].special)
     if limit <= specials:
         raise ValidationError(
             f"Input validation error: `truncate_prompt_tokens` must be above {specials}, the "
@@ -119,7 +119,7 @@ async def run_embeddings(state: ModelState, body: EmbeddingsRequest) -> tuple[An
 
 async def embeddings(body: EmbeddingsRequest, request: Request) -> Response:
     payload, result = await run_embeddings(model_for(request, body.model), body)
-    return json_response(payload, timing_headers(result))
+    return await json_answer(payload, timing_headers(result))
 
 
 router.add_api_route(

@@ -52,9 +52,6 @@ class VectorpressError(Exception):
     def to_json(self) -> dict[str, str]:
         return {"error": self.message, "error_type": self.error_type}
 
-    def to_openai(self) -> dict[str, object]:
-        return {"message": self.message, "code": self.http_status, "type": self.error_type}
-
 
 class EmptyError(VectorpressError):
     """An empty input, or an empty list of inputs."""
@@ -116,26 +113,5 @@ class UnhealthyError(VectorpressError):
         super().__init__(message)
 
 
-class DroppedError(VectorpressError):
-    """The caller went away before its input reached a batch."""
-
-    wire = WireError(499, "Backend", "CANCELLED", "dropped")
-
-
 class StartupError(Exception):
     """Start-up cannot go on; the message is printed as one line and the process exits 1."""
-
-
-#: Every wire error class, for documentation and for tests that check the table is complete.
-ERROR_TABLE: tuple[type[VectorpressError], ...] = (
-    EmptyError,
-    ValidationError,
-    BatchSizeError,
-    TokenLimitError,
-    TokenizerError,
-    BackendError,
-    ModelTypeError,
-    OverloadedError,
-    UnhealthyError,
-    DroppedError,
-)

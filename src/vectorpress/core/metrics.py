@@ -219,10 +219,6 @@ class Metrics:
             "vectorpress_tokens_per_second", self._tokens_per_second, model=self.model
         )
 
-    def define(self, metric: MetricDef) -> None:
-        """Add a metric beyond the built-in set."""
-        self.defs[metric.name] = metric
-
     def gauge_callback(self, name: str, read: Callable[[], float], **labels: str) -> None:
         """Read this gauge (one series) at scrape time instead of storing it."""
         self._gauges[name] = (_key(labels), read)

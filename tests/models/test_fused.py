@@ -14,12 +14,13 @@ import torch
 from torch import nn
 
 from tests.helpers.batches import pooled, tokenized_batches
+from tests.helpers.cpu import needs_fbgemm, needs_onednn
 from tests.helpers.reference import assert_close_vectors
 from tests.helpers.texts import mixed_texts
 from tests.models.test_zoo import DECODERS
 from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.backends.torch.backend import TorchBackend
-from vectorpress.backends.torch.layers import fused_linears, onednn_supported
+from vectorpress.backends.torch.layers import fused_linears
 from vectorpress.model_spec import load_model_spec
 from vectorpress.settings import Settings
 
@@ -30,6 +31,7 @@ def _embed(backend: TorchBackend, folder: Path, texts: list[str]) -> np.ndarray:
     return pooled(backend, tokenized_batches(folder, texts, max_length=128))
 
 
+@needs_onednn
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_linear_runs_fused_and_matches_f_linear(tiny: Callable[..., Path], arch: str) -> None:
     # The pooling test_zoo uses: the same session checkpoint, built once.
@@ -46,7 +48,6 @@ def test_every_linear_runs_fused_and_matches_f_linear(tiny: Callable[..., Path],
     # Every weight of the state dict's linear layers lives in exactly one fused GEMM.
     assert sum(f.weight.numel() for f in fused) == sum(m.weight.numel() for m in linears)
     assert len(fused) < len(linears) or arch == "modernbert", f"{arch}: nothing merged"
-    assert onednn_supported(torch.float32), "this project's CPU builds always have oneDNN"
     assert all(f.onednn for f in fused), f"{arch}: a layer fell back to F.linear"
 
     calls: list[str] = []
@@ -83,6 +84,7 @@ def test_a_model_run_before_fuse_says_so(tiny: Callable[..., Path]) -> None:
         model.encoder(ids, ids, torch.from_numpy(batch.position_ids), seqs)
 
 
+@needs_fbgemm
 @pytest.mark.parametrize("arch", ARCHS)
 def test_int8_serves_every_native_architecture(tiny: Callable[..., Path], arch: str) -> None:
     folder = tiny(arch, "embedding", "last_token" if arch in DECODERS else "mean")

@@ -168,7 +168,3 @@ def test_reranker_routes_refuse_bad_input_and_keep_serving(
             assert httpx.post(f"{srv.url}/rerank", json=good).json() == reference
 
         _check(srv, RERANKER_CASES, healthy)
-
-
-def test_the_table_is_large_enough() -> None:
-    assert len(EMBEDDING_CASES) + len(RERANKER_CASES) >= 40

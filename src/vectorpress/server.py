@@ -1,4 +1,4 @@
-"""Start-up: resolve and load the model, build the pipeline, warm up, then open the socket."""
+"""Start-up: resolve and load each model, build its pipeline, warm up, then open the socket."""
 
 from __future__ import annotations
 
@@ -17,43 +17,75 @@ from typing import Any
 import torch
 import uvicorn
 
-from vectorpress.api.state import AppState
+from vectorpress.api.state import AppState, ModelState
 from vectorpress.backends.base import Backend
 from vectorpress.backends.select import select_backend
 from vectorpress.core.infer import Infer
-from vectorpress.core.metrics import Metrics
+from vectorpress.core.metrics import Metrics, Registry
+from vectorpress.core.models import Models
 from vectorpress.core.queue import BatchingQueue
 from vectorpress.core.tokenization import TokenizerPool
 from vectorpress.core.worker import BackendWorker, ModelThread, limit_malloc_arenas
+from vectorpress.errors import StartupError
 from vectorpress.hub import resolve_model
 from vectorpress.model_spec import ModelSpec, load_model_spec
 from vectorpress.observability.tracing import Tracing
-from vectorpress.settings import Settings
+from vectorpress.settings import ModelSettings, ServerSettings, Settings
 from vectorpress.types import Batch, Encoding, OutputKind
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class Served:
+class LoadedModel:
     """One loaded model with its running pipeline."""
 
-    settings: Settings
+    settings: ModelSettings
     spec: ModelSpec
     backend: Backend
     infer: Infer
-    state: AppState
-    tracing: Tracing | None = None
+    state: ModelState
 
     def close(self) -> None:
         self.infer.worker.stop()
         self.infer.tokenizers.close()
+
+
+@dataclass
+class Served:
+    """Every served model, running, and the API state over them; the first is the default."""
+
+    settings: Settings
+    models: list[LoadedModel]
+    state: AppState
+    tracing: Tracing | None = None
+
+    @property
+    def default(self) -> LoadedModel:
+        return self.models[0]
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.default.spec
+
+    @property
+    def backend(self) -> Backend:
+        return self.default.backend
+
+    @property
+    def infer(self) -> Infer:
+        return self.default.infer
+
+    def close(self) -> None:
+        for model in self.models:
+            model.close()
         if self.tracing is not None:
             self.tracing.shutdown()
 
 
 def build_pipeline(
-    settings: Settings,
+    server: ServerSettings,
+    settings: ModelSettings,
     spec: ModelSpec,
     backend: Backend,
     metrics: Metrics | None = None,
@@ -91,14 +123,14 @@ def build_pipeline(
         tokenizers,
         queue,
         worker,
-        max_concurrent_requests=settings.max_concurrent_requests,
+        max_concurrent_requests=server.max_concurrent_requests,
         max_client_batch_size=settings.max_client_batch_size,
         auto_truncate=settings.auto_truncate,
         metrics=metrics,
     )
 
 
-def warm_up(backend: Backend, spec: ModelSpec, settings: Settings) -> None:
+def warm_up(backend: Backend, spec: ModelSpec, settings: ModelSettings) -> None:
     """A 1-token forward (health), then one input of the max length, before the socket opens.
 
     On a GPU the whole token budget runs once, so that a budget too large for the device's
@@ -120,37 +152,83 @@ def warm_up(backend: Backend, spec: ModelSpec, settings: Settings) -> None:
         run(Batch.from_encodings([enc(spec.max_input_length)], [OutputKind.POOLED]))
 
 
-BackendFactory = Callable[[ModelSpec, Settings], Backend]
+BackendFactory = Callable[[ModelSpec, ModelSettings], Backend]
 
 
-def load(settings: Settings, make_backend: BackendFactory = select_backend) -> Served:
+def load(config: Settings, make_backend: BackendFactory = select_backend) -> Served:
+    """Load, warm up and start every model, in order; if one fails, those already started are
+    stopped and start-up fails with one line naming the model."""
     limit_malloc_arenas()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    folder = resolve_model(
-        settings.model_id,
-        settings.revision,
-        settings.hf_token,
-        settings.huggingface_hub_cache,
-        want_onnx=settings.backend == "onnx",
-    )
-    spec = load_model_spec(folder, settings)
-    thread = ModelThread()
+    server = config.server
+    registry = Registry()
+    tracing = Tracing.from_settings(server)
+    if tracing is not None:
+        log.info("tracing to %s as %s", tracing.endpoint, server.otlp_service_name)
+    loaded: list[LoadedModel] = []
     try:
-        backend = thread.call(lambda: make_backend(spec, settings))
-        thread.call(lambda: warm_up(backend, spec, settings))
+        for settings in config.models:
+            loaded.append(_load_one(config, settings, make_backend, registry, tracing))
     except BaseException:
-        thread.close()
+        for model in loaded:
+            model.close()
+        if tracing is not None:
+            tracing.shutdown()
         raise
-    infer = build_pipeline(settings, spec, backend, thread=thread)
-    tracing = Tracing.from_settings(settings)
+    state = AppState(
+        server,
+        Models([m.state for m in loaded]),
+        registry,
+        tracing.tracer if tracing is not None else None,
+    )
+    return Served(config, loaded, state, tracing)
+
+
+def _load_one(
+    config: Settings,
+    settings: ModelSettings,
+    make_backend: BackendFactory,
+    registry: Registry,
+    tracing: Tracing | None,
+) -> LoadedModel:
+    server = config.server
+    name = settings.model_name
+    try:
+        folder = resolve_model(
+            settings.model_id,
+            settings.revision,
+            settings.hf_token,
+            settings.huggingface_hub_cache,
+            want_onnx=settings.backend == "onnx",
+        )
+        spec = load_model_spec(folder, settings)
+        thread = ModelThread("vp-backend" if len(config.models) == 1 else f"vp-backend {name}")
+        try:
+            backend = thread.call(lambda: make_backend(spec, settings))
+            thread.call(lambda: warm_up(backend, spec, settings))
+        except BaseException:
+            thread.close()
+            raise
+    except StartupError as exc:
+        if len(config.models) == 1:
+            raise
+        raise StartupError(f"model {name}: {exc}") from None
+    except Exception as exc:
+        # A checkpoint that does not load (bad weights, an unknown layer): one line for the
+        # operator, the traceback in the log.
+        log.exception("model %s failed to load", name)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise StartupError(f"model {name} ({settings.model_id}) failed to load: {first}") from None
+    metrics = Metrics(spec.max_input_length, name, registry)
+    infer = build_pipeline(server, settings, spec, backend, metrics, thread=thread)
     if tracing is not None:
         infer.tracer = tracing.tracer
-        log.info("tracing to %s as %s", tracing.endpoint, settings.otlp_service_name)
-    state = AppState(infer, settings, backend.name, backend.dtype, backend.device)
+    state = ModelState(infer, settings, server, backend.name, backend.dtype, backend.device)
     # Fields rather than prose, so JSON logs carry them as values (text logs append them).
     startup = {
         "model": settings.model_id,
-        "served_model_name": settings.model_name,
+        "served_model_name": name,
+        "aliases": list(settings.aliases),
         "architecture": spec.architecture,
         "kind": spec.kind,
         "backend": backend.name,
@@ -159,11 +237,11 @@ def load(settings: Settings, make_backend: BackendFactory = select_backend) -> S
         "max_input_length": spec.max_input_length,
         "max_batch_tokens": settings.max_batch_tokens,
         "max_batch_requests": infer.queue.max_batch_requests,
-        "max_concurrent_requests": settings.max_concurrent_requests,
+        "max_concurrent_requests": server.max_concurrent_requests,
         "max_client_batch_size": settings.max_client_batch_size,
     }
     log.info("model loaded and warmed up", extra=startup)
-    return Served(settings, spec, backend, infer, state, tracing)
+    return LoadedModel(settings, spec, backend, infer, state)
 
 
 def freeze_startup_objects() -> int:
@@ -230,7 +308,7 @@ class _MetricsServer(uvicorn.Server):
 async def serve(served: Served) -> None:
     from vectorpress.api.app import create_app
 
-    settings = served.settings
+    settings = served.settings.server
     app = create_app(served.state)
     config = uvicorn.Config(
         app,
@@ -250,7 +328,7 @@ async def serve(served: Served) -> None:
         metrics_socket = bind_listener(settings.hostname, settings.prometheus_port)
         metrics_server = _MetricsServer(
             uvicorn.Config(
-                metrics_app(served.infer.metrics),
+                metrics_app(served.state.registry),
                 host=settings.hostname,
                 port=settings.prometheus_port,
                 log_config=None,

@@ -23,7 +23,7 @@ LIMIT = 4096
 
 @pytest.fixture(scope="module")
 def server(embedding_folder: Path) -> Iterator[LiveServer]:
-    settings = Settings(
+    settings = Settings.single(
         model_id=str(embedding_folder),
         api_key=KEY,
         cors_allow_origin=(ALLOWED,),
@@ -142,5 +142,5 @@ def test_task_is_read_from_the_environment() -> None:
     from vectorpress.cli import settings_from_args
 
     env = {"MODEL_ID": "some/model", "TASK": "sentence-similarity"}
-    assert settings_from_args(["serve"], env=env).task == "sentence-similarity"
-    assert settings_from_args(["serve"], env={"MODEL_ID": "some/model"}).task is None
+    assert settings_from_args(["serve"], env=env).model.task == "sentence-similarity"
+    assert settings_from_args(["serve"], env={"MODEL_ID": "some/model"}).model.task is None

@@ -37,12 +37,16 @@ PROTECTED = [
     ("POST", "/vertex", {"instances": [{"inputs": "x"}]}),
     ("POST", "/", {"inputs": "x"}),
     ("POST", "/invocations", {"inputs": "x"}),
+    ("GET", "/v1/models", None),
+    # Under a model's prefix too: the key is checked on the path without it.
+    ("POST", "/models/any/embed", {"inputs": "x"}),
+    ("GET", "/models/any/info", None),
 ]
 
 
 @pytest.fixture(scope="module")
 def server(minilm: Path) -> Iterator[LiveServer]:
-    with LiveServer(Settings(model_id=str(minilm), api_key=KEY, hf_token=HF_TOKEN)) as srv:
+    with LiveServer(Settings.single(str(minilm), api_key=KEY, hf_token=HF_TOKEN)) as srv:
         yield srv
 
 

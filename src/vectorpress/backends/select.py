@@ -14,12 +14,12 @@ from vectorpress.backends.base import Backend
 from vectorpress.backends.common.cache import build_cache
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec
-from vectorpress.settings import Settings
+from vectorpress.settings import ModelSettings
 
 log = logging.getLogger(__name__)
 
 
-def backend_args(settings: Settings) -> dict[str, Any]:
+def backend_args(settings: ModelSettings) -> dict[str, Any]:
     """The arguments every backend's constructor takes, after the model's spec."""
     return {
         "device": settings.device,
@@ -28,7 +28,7 @@ def backend_args(settings: Settings) -> dict[str, Any]:
     }
 
 
-def select_backend(spec: ModelSpec, settings: Settings) -> Backend:
+def select_backend(spec: ModelSpec, settings: ModelSettings) -> Backend:
     from vectorpress.backends.torch.backend import TorchBackend
     from vectorpress.backends.torch.registry import lookup
 

@@ -170,10 +170,6 @@ def test_reranker_routes_refuse_bad_input_and_keep_serving(
         _check(srv, RERANKER_CASES, healthy)
 
 
-def test_the_table_is_large_enough() -> None:
-    assert len(EMBEDDING_CASES) + len(RERANKER_CASES) >= 40
-
-
 #: (body, TEI's message after "Failed to parse the request body as JSON: "): serde_json's
 #: words and positions, as axum's Json extractor answers them with a 400.
 SERDE_REFUSALS: list[tuple[bytes, str]] = [

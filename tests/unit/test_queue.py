@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+import threading
+import time
 
 import pytest
 
@@ -61,7 +64,29 @@ def test_an_entry_larger_than_the_budget_still_runs_alone(loop: asyncio.Abstract
     assert q.next_batch() == [big]
 
 
+def _waiting(thread: threading.Thread) -> bool:
+    """Whether `thread` is parked in a threading wait (a Condition's, or the lock under it)."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if frame.f_code.co_name == "wait" and frame.f_code.co_filename == threading.__file__:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def test_close_wakes_consumer(loop: asyncio.AbstractEventLoop) -> None:
     q = BatchingQueue(max_batch_tokens=4, max_batch_requests=None, padded=False)
+    got: list[object] = []
+    consumer = threading.Thread(target=lambda: got.append(q.next_batch()), daemon=True)
+    consumer.start()
+    # The consumer must be blocked on the empty queue before close(), or the test would only
+    # show that a closed queue returns None.
+    deadline = time.monotonic() + 30
+    while not _waiting(consumer):
+        assert consumer.is_alive() and time.monotonic() < deadline, "consumer never blocked"
+        time.sleep(0.005)
     q.close()
+    consumer.join(30)
+    assert not consumer.is_alive(), "close() did not wake the consumer"
+    assert got == [None]
     assert q.next_batch() is None

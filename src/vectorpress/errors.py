@@ -126,6 +126,11 @@ class StartupError(Exception):
     """Start-up cannot go on; the message is printed as one line and the process exits 1."""
 
 
+class JobError(StartupError):
+    """A batch job cannot go on (an output folder holding another model's vectors, an input
+    that cannot be read); printed as one line, the process exits 1."""
+
+
 #: Every wire error class, for documentation and for tests that check the table is complete.
 ERROR_TABLE: tuple[type[VectorpressError], ...] = (
     EmptyError,

@@ -123,9 +123,16 @@ def warm_up(backend: Backend, spec: ModelSpec, settings: Settings) -> None:
 BackendFactory = Callable[[ModelSpec, Settings], Backend]
 
 
-def load(settings: Settings, make_backend: BackendFactory = select_backend) -> Served:
+def load(
+    settings: Settings,
+    make_backend: BackendFactory = select_backend,
+    *,
+    threads: int | None = None,
+) -> Served:
+    """`threads`: torch's intra-op threads (default: every core); an in-process engine that
+    shares the machine with other work sets fewer."""
     limit_malloc_arenas()
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch.set_num_threads(threads or max(1, os.cpu_count() or 1))
     folder = resolve_model(
         settings.model_id,
         settings.revision,

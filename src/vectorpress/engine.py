@@ -159,7 +159,9 @@ class _Calls:
         for n, part in enumerate(parts):
             for i, score in part.values:
                 scores[n * self.size + i] = score
-        merged = _merge([Result([], p.chars, p.tokens, p.timings, p.total_time) for p in parts])
+        merged: Result[list[tuple[int, float]]] = _merge(
+            [Result([], p.chars, p.tokens, p.timings, p.total_time) for p in parts]
+        )
         merged.values = [(i, scores[i]) for i in postprocess.rerank_order(scores)]
         merged.lengths = [n for p in parts for n in p.lengths]
         return merged

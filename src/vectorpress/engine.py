@@ -233,6 +233,18 @@ class Engine(_Base):
         """The full Result of `embed` (vectors plus each input's token count)."""
         return self._wait(self._calls.embed(texts, **options))
 
+    def run_coroutine(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine on the pipeline's event loop, where `engine.infer` can be awaited
+        directly (what an API dialect's handler does), and wait for it."""
+        return self._wait(coro)
+
+    def result(self, call: str, inputs: Sequence[Any], **options: Any) -> Result[Any]:
+        """The full Result of `embed`, `embed_sparse`, `embed_all` or `predict`: the values as
+        the pipeline gives them, usage, and each input's token count (what batch jobs write)."""
+        if call not in ("embed", "embed_sparse", "embed_all", "predict"):
+            raise ValueError(f"unknown call {call!r}")
+        return self._wait(getattr(self._calls, call)(inputs, **options))
+
     def embed(
         self,
         texts: str | Sequence[str],

@@ -23,12 +23,13 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from vectorpress.api.state import AppState
 from vectorpress.core import postprocess
 from vectorpress.core.infer import Infer, Result
 from vectorpress.core.tokenization import PairInput, Token
 from vectorpress.errors import UnhealthyError
 from vectorpress.model_spec import ModelSpec
-from vectorpress.settings import Settings
+from vectorpress.settings import ModelSettings, ServerSettings, Settings
 from vectorpress.types import Truncation
 
 T = TypeVar("T")
@@ -37,9 +38,14 @@ __all__ = ["AsyncEngine", "Engine", "engine_settings"]
 
 
 def engine_settings(
-    model_id: str | None = None, settings: Settings | None = None, **options: Any
-) -> Settings:
-    """The model's settings from a model id (or folder) and options named as Settings fields."""
+    model_id: str | None = None, settings: ModelSettings | None = None, **options: Any
+) -> ModelSettings:
+    """A model's settings (as `serve` gets them per model) from a model id or folder and
+    options named as ModelSettings fields, or from given settings with options replaced."""
+    known = {f.name for f in fields(ModelSettings)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(f"unknown Engine option(s): {', '.join(unknown)}")
     if settings is None:
         if model_id is None:
             from vectorpress.hub import bundled_model_path
@@ -48,13 +54,9 @@ def engine_settings(
             if bundled is None:
                 raise TypeError("Engine needs a model id or folder (no bundled model installed)")
             model_id = str(bundled)
-        return Settings(model_id=model_id, **options)
+        return ModelSettings(model_id, **options)
     if model_id is not None:
         options["model_id"] = model_id
-    known = {f.name for f in fields(Settings)}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise TypeError(f"unknown Engine option(s): {', '.join(unknown)}")
     return replace(settings, **options) if options else settings
 
 
@@ -186,19 +188,25 @@ class _Base:
         self,
         model_id: str | None = None,
         *,
-        settings: Settings | None = None,
+        settings: ModelSettings | None = None,
         threads: int | None = None,
+        max_concurrent_requests: int = 4096,
         **options: Any,
     ) -> None:
-        """`model_id`: a Hub id or a local folder; `options`: any Settings field (dtype,
-        pooling, backend, max_batch_tokens, tokenization_workers, ...), or a whole `settings`.
-        `threads`: torch's intra-op threads (default: every core). Every argument pickles, so
-        the engine can be built inside a Ray actor or a multiprocessing worker."""
+        """`model_id`: a Hub id or a local folder; `options`: any ModelSettings field (dtype,
+        pooling, backend, max_batch_tokens, tokenization_workers, ...), or whole `settings`,
+        the same a served model gets. `threads`: torch's intra-op threads (default: every
+        core); `max_concurrent_requests`: inputs admitted at once (calls wait for room).
+        Every argument pickles, so an engine can be built inside a Ray actor or a
+        multiprocessing worker."""
         if threads is not None and threads <= 0:
             raise ValueError(f"threads must be a positive integer, got {threads}")
         self.settings = engine_settings(model_id, settings, **options)
         self.threads = threads
-        self._rt = _Runtime(self.settings, threads)
+        config = Settings(
+            ServerSettings(max_concurrent_requests=max_concurrent_requests), (self.settings,)
+        )
+        self._rt = _Runtime(config, threads)
         self._calls = _Calls(self._rt.infer)
 
     @property
@@ -209,6 +217,12 @@ class _Base:
     @property
     def infer(self) -> Infer:
         return self._rt.infer
+
+    @property
+    def state(self) -> AppState:
+        """What the API's handlers take: a dialect's handler runs in-process on it (see
+        `run_coroutine`)."""
+        return self._rt.served.state
 
     @property
     def dimension(self) -> int:

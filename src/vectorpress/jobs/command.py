@@ -13,7 +13,7 @@ from vectorpress.errors import StartupError
 from vectorpress.jobs.encodings import ENCODINGS
 from vectorpress.jobs.inputs import FORMATS, Columns, find_inputs
 from vectorpress.jobs.spec import TASKS, JobSpec
-from vectorpress.settings import Settings
+from vectorpress.settings import ModelSettings
 
 log = logging.getLogger("vectorpress.jobs")
 
@@ -77,14 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def model_settings(args: argparse.Namespace) -> Settings:
+def model_settings(args: argparse.Namespace) -> ModelSettings:
     from vectorpress.engine import engine_settings
 
     options = {dest: getattr(args, dest) for _, dest, _, _ in MODEL_FLAGS}
     model_id = options.pop("model_id")
     # Jobs send any number of inputs per call; the engine cuts them into requests this size.
     options["max_client_batch_size"] = 256
-    options["max_concurrent_requests"] = 4096
     return engine_settings(model_id, **{k: v for k, v in options.items() if v is not None})
 
 

@@ -52,7 +52,6 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
 async def _answer(engine: Engine, number: int, line: bytes) -> dict[str, Any]:
     from vectorpress.api.openai.routes import run_embeddings
     from vectorpress.api.openai.schemas import EmbeddingsRequest
-    from vectorpress.api.state import AppState
 
     try:
         request = orjson.loads(line)
@@ -74,9 +73,8 @@ async def _answer(engine: Engine, number: int, line: bytes) -> dict[str, Any]:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         return _error_line(custom_id, 422, f"body.{where}: {first['msg']}", "Validation")
-    state = AppState(engine.infer, engine.settings)
     try:
-        payload, _ = await run_embeddings(state, body)
+        payload, _ = await run_embeddings(engine.state, body)
     except VectorpressError as exc:
         return _error_line(custom_id, exc.http_status, exc.message, exc.error_type)
     return {

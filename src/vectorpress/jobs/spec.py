@@ -10,11 +10,11 @@ from typing import Any
 from vectorpress.errors import JobError
 from vectorpress.jobs.encodings import ENCODINGS
 from vectorpress.jobs.inputs import Columns, detect_format
-from vectorpress.settings import Settings
+from vectorpress.settings import ModelSettings
 
 TASKS = ("auto", "embed", "sparse", "predict")
 
-#: Settings that change what a model outputs; a rerun must agree on them.
+#: ModelSettings that change what a model outputs; a rerun must agree on them.
 MODEL_FIELDS = (
     "model_id",
     "revision",
@@ -106,7 +106,9 @@ def model_fingerprint(folder: Path) -> str:
     return digest.hexdigest()
 
 
-def model_record(settings: Settings, folder: Path, kind: str, dimension: int) -> dict[str, Any]:
+def model_record(
+    settings: ModelSettings, folder: Path, kind: str, dimension: int
+) -> dict[str, Any]:
     record: dict[str, Any] = {name: getattr(settings, name) for name in MODEL_FIELDS}
     record["fingerprint"] = model_fingerprint(folder)
     record["kind"] = kind

@@ -17,6 +17,8 @@ from vectorpress.jobs.spec import JobSpec, model_record, resolve_task
 
 if TYPE_CHECKING:
     from vectorpress.engine import Engine
+    from vectorpress.model_spec import ModelSpec
+    from vectorpress.settings import ModelSettings
 
 log = logging.getLogger("vectorpress.jobs")
 
@@ -50,13 +52,13 @@ def plan(job: JobSpec) -> list[ShardRef]:
     return refs
 
 
-def header(job: JobSpec, engine: Engine, task: str) -> dict[str, Any]:
-    spec = engine.spec
+def header(job: JobSpec, settings: ModelSettings, spec: ModelSpec, task: str) -> dict[str, Any]:
+    """The manifest's account of the job, the same whether it runs here or on Ray."""
     options = job.options()
     options["task"] = task
     return {
         "format": FORMAT,
-        "model": model_record(engine.settings, spec.path, spec.kind, spec.embedding_size),
+        "model": model_record(settings, spec.path, spec.kind, spec.embedding_size),
         "options": options,
         "inputs": [file_identity(Path(p)) for p in job.inputs],
     }
@@ -158,7 +160,7 @@ def run_local(job: JobSpec, engine: Engine, progress: str = "auto") -> Summary:
     spec = engine.spec
     task = resolve_task(job.task, spec.kind, spec.is_splade)
     output = Output(job.output)
-    head = header(job, engine, task)
+    head = header(job, engine.settings, spec, task)
     output.prepare(head)
     refs = plan(job)
     finished = output.finished()

@@ -100,7 +100,13 @@ def _run_all(
 
 
 def process_shard(
-    engine: Engine, job: JobSpec, task: str, ref: ShardRef, block: Block, output: Output
+    engine: Engine,
+    job: JobSpec,
+    task: str,
+    ref: ShardRef,
+    block: Block,
+    output: Output,
+    worker: str | None = None,
 ) -> ShardRecord:
     import pyarrow as pa
 
@@ -169,7 +175,7 @@ def process_shard(
         rejects=len(rejects),
         tokens=int(sum(by_row[i][1] for i in rows)),
         seconds=round(time.perf_counter() - started, 3),
-        worker=f"{socket.gethostname()}:{os.getpid()}",
+        worker=worker or f"{socket.gethostname()}:{os.getpid()}",
     )
     output.write_shard(ref.name, table, rejects, record)
     return record

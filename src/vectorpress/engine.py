@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from vectorpress.api.state import AppState
+from vectorpress.api.state import AppState, ModelState
 from vectorpress.core import postprocess
 from vectorpress.core.infer import Infer, Result
 from vectorpress.core.tokenization import PairInput, Token
@@ -220,9 +220,14 @@ class _Base:
 
     @property
     def state(self) -> AppState:
-        """What the API's handlers take: a dialect's handler runs in-process on it (see
-        `run_coroutine`)."""
+        """What the API's app is built on (`api.app.create_app`)."""
         return self._rt.served.state
+
+    @property
+    def model_state(self) -> ModelState:
+        """What a dialect's handler takes for the model: it runs in-process on it (see
+        `run_coroutine`)."""
+        return self._rt.served.default.state
 
     @property
     def dimension(self) -> int:

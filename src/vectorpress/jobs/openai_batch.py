@@ -74,7 +74,7 @@ async def _answer(engine: Engine, number: int, line: bytes) -> dict[str, Any]:
         where = ".".join(str(p) for p in first["loc"])
         return _error_line(custom_id, 422, f"body.{where}: {first['msg']}", "Validation")
     try:
-        payload, _ = await run_embeddings(engine.state, body)
+        payload, _ = await run_embeddings(engine.model_state, body)
     except VectorpressError as exc:
         return _error_line(custom_id, exc.http_status, exc.message, exc.error_type)
     return {

@@ -123,6 +123,7 @@ def main() -> None:
             # Ray's single-machine mode: every process on 127.0.0.1.
             os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
             os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             import ray
 
             ray.init(num_cpus=os.cpu_count() or 1, object_store_memory=200_000_000,

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from tests.batch.corpus import BAD, read_output, rows, write_parquet
-from tests.helpers.ray_cluster import LOOPBACK_ENV, RayCluster, free_port
+from tests.helpers.ray_cluster import AUTH_ENV, LOOPBACK_ENV, RayCluster, free_port
 from vectorpress.engine import Engine
 from vectorpress.jobs.inputs import Columns
 from vectorpress.jobs.local import run_local
@@ -35,8 +35,9 @@ SHARD = 250
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RayCluster]:
     """One CPU per node, so that two one-CPU actors must take one node each."""
-    saved = {k: os.environ.get(k) for k in LOOPBACK_ENV}
-    os.environ.update(LOOPBACK_ENV)  # this process is a driver too
+    driver_env = {**LOOPBACK_ENV, **AUTH_ENV}
+    saved = {k: os.environ.get(k) for k in driver_env}
+    os.environ.update(driver_env)  # this process is a driver too
     with RayCluster(head_cpus=1, worker_cpus=1) as c:
         import ray
 

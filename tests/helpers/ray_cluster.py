@@ -36,6 +36,9 @@ def free_port() -> int:
 #: drivers (the tests, `vectorpress embed --ray-address`) and every worker process they start
 #: run with it.
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+#: No token authentication (a loopback cluster of one test), whatever ~/.ray holds: a token
+#: left there by another Ray session would otherwise be sent to some nodes and not others.
+AUTH_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN_PATH": "/nonexistent/vectorpress"}
 
 
 def ray_env(head: bool = True) -> dict[str, str]:
@@ -47,6 +50,7 @@ def ray_env(head: bool = True) -> dict[str, str]:
     env = dict(os.environ)
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     env["RAY_DEDUP_LOGS"] = "0"
+    env.update(AUTH_ENV)
     if head:
         env.update(LOOPBACK_ENV)
     else:

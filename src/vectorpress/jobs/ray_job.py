@@ -116,6 +116,9 @@ def run_ray(
         ctx = DataContext.get_current()
         ctx.enable_progress_bars = False
         ctx.execution_options.verbose_progress = False
+        # Work starts once every actor has loaded its model: otherwise the first one up takes
+        # shard after shard while the others load, and the job runs on fewer nodes than asked.
+        ctx.wait_for_min_actors_s = 600
         threads = options.threads or max(1, int(options.cpus_per_actor))
         items = [
             {"file": r.file, "shard": r.shard, "first_row": r.first_row, "rows": r.rows}

@@ -143,3 +143,8 @@ class UnhealthyError(VectorpressError):
 
 class StartupError(Exception):
     """Start-up cannot go on; the message is printed as one line and the process exits 1."""
+
+
+class JobError(StartupError):
+    """A batch job cannot go on (an output folder holding another model's vectors, an input
+    that cannot be read); printed as one line, the process exits 1."""

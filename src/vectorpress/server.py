@@ -168,11 +168,17 @@ def warm_up(backend: Backend, spec: ModelSpec, settings: ModelSettings) -> None:
 BackendFactory = Callable[[ModelSpec, ModelSettings], Backend]
 
 
-def load(config: Settings, make_backend: BackendFactory = select_backend) -> Served:
+def load(
+    config: Settings,
+    make_backend: BackendFactory = select_backend,
+    *,
+    threads: int | None = None,
+) -> Served:
     """Load, warm up and start every model, in order; if one fails, those already started are
-    stopped and start-up fails with one line naming the model."""
+    stopped and start-up fails with one line naming the model. `threads`: torch's intra-op
+    threads (default: every core); an in-process engine that shares the machine sets fewer."""
     limit_malloc_arenas()
-    torch.set_num_threads(available_cpus())
+    torch.set_num_threads(threads or available_cpus())
     server = config.server
     registry = Registry()
     tracing = Tracing.from_settings(server)

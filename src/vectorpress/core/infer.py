@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
@@ -46,6 +46,8 @@ class Result(Generic[T]):
     timings: Timings | None = None
     """Mean per input, as TEI's x-*-time headers."""
     total_time: float = 0.0
+    lengths: list[int] = field(default_factory=list)
+    """Tokens of each input as it went to the model (batch jobs write them per row)."""
 
 
 @dataclass
@@ -523,4 +525,5 @@ class Infer:
 
     @staticmethod
     def _result(values: T, run: _Run, chars: int) -> Result[T]:
-        return Result(values, chars, sum(len(e) for e in run.encodings), run.timings)
+        lengths = [len(e) for e in run.encodings]
+        return Result(values, chars, sum(lengths), run.timings, lengths=lengths)

@@ -316,3 +316,44 @@ def make_tiny(
     if task == "embedding":
         write_st_files(dest, pooling, dense=dense, dense_bias=dense_bias)
     return dest
+
+
+def _declare_eos(dest: Path, token: str = "[SEP]") -> None:
+    """Name the borrowed tokenizer's separator as its end-of-sequence token too, as XLM-R's
+    </s> is both: FlagEmbedding drops cls, eos, pad and unk from an M3 model's lexical weights."""
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        data = json.loads((dest / name).read_text())
+        data["eos_token"] = token
+        (dest / name).write_text(json.dumps(data))
+
+
+def make_m3(dest: Path, seed: int = 0, colbert_dim: int | None = None) -> Path:
+    """A tiny bge-m3: an XLM-RoBERTa encoder with CLS pooling and BAAI's two extra heads,
+    `colbert_linear.pt` (Linear(hidden, colbert_dim)) and `sparse_linear.pt` (Linear(hidden, 1)),
+    saved with torch.save beside it as BAAI ships them."""
+    import transformers as tf
+
+    dest.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    # Weights drawn wider than BERT's 0.02, so that the CLS vector depends on the text enough
+    # for a parity check to tell pooling rules apart.
+    model = tf.XLMRobertaModel(_config("xlm-roberta", initializer_range=0.25), add_pooling_layer=False)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "LayerNorm" in name:
+                param.add_(torch.randn_like(param) * 0.1)
+    model.eval().save_pretrained(dest)
+    copy_tokenizer(dest)
+    write_st_files(dest, "cls")
+    _declare_eos(dest)
+    hidden = json.loads((dest / "config.json").read_text())["hidden_size"]
+    gen = torch.Generator().manual_seed(1000 + seed)
+    colbert = torch.nn.Linear(hidden, colbert_dim or hidden)
+    sparse = torch.nn.Linear(hidden, 1)
+    with torch.no_grad():
+        for layer in (colbert, sparse):
+            layer.weight.copy_(torch.randn(layer.weight.shape, generator=gen) * 0.3)
+            layer.bias.copy_(torch.randn(layer.bias.shape, generator=gen) * 0.1)
+    torch.save(colbert.state_dict(), dest / "colbert_linear.pt")
+    torch.save(sparse.state_dict(), dest / "sparse_linear.pt")
+    return dest

@@ -1,0 +1,34 @@
+"""FlagEmbedding's BGEM3FlagModel on a folder: dense, lexical weights, ColBERT vectors, scores.
+
+Runs in .venv-ref (see tests/helpers/refvenv.py). Request: {"folder", "texts", "pairs",
+"weights"}; each pair is scored alone, so that no other pair's padding enters its ColBERT max.
+"""
+
+import json
+import sys
+
+from FlagEmbedding import BGEM3FlagModel
+
+request = json.load(open(sys.argv[1]))
+model = BGEM3FlagModel(request["folder"], use_fp16=False, devices="cpu")
+out = model.encode(
+    request["texts"],
+    batch_size=4,
+    return_dense=True,
+    return_sparse=True,
+    return_colbert_vecs=True,
+)
+scores = []
+for query, passage in request.get("pairs", []):
+    kwargs = {}
+    if request.get("weights") is not None:
+        kwargs["weights_for_different_modes"] = request["weights"]
+    s = model.compute_score([[query, passage]], **kwargs)
+    scores.append({k: float(v[0]) for k, v in s.items()})
+answer = {
+    "dense": [v.tolist() for v in out["dense_vecs"]],
+    "sparse": [{str(k): float(w) for k, w in lw.items()} for lw in out["lexical_weights"]],
+    "colbert": [v.tolist() for v in out["colbert_vecs"]],
+    "scores": scores,
+}
+json.dump(answer, open(sys.argv[2], "w"))

@@ -28,7 +28,7 @@ from vectorpress.core.worker import BackendWorker, ModelThread, limit_malloc_are
 from vectorpress.hub import resolve_model
 from vectorpress.model_spec import ModelSpec, load_model_spec
 from vectorpress.observability.tracing import Tracing
-from vectorpress.settings import Settings
+from vectorpress.settings import ModelSettings, ServerSettings, Settings
 from vectorpress.types import Batch, Encoding, OutputKind
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,8 @@ class Served:
 
 
 def build_pipeline(
-    settings: Settings,
+    server: ServerSettings,
+    settings: ModelSettings,
     spec: ModelSpec,
     backend: Backend,
     metrics: Metrics | None = None,
@@ -91,14 +92,14 @@ def build_pipeline(
         tokenizers,
         queue,
         worker,
-        max_concurrent_requests=settings.max_concurrent_requests,
+        max_concurrent_requests=server.max_concurrent_requests,
         max_client_batch_size=settings.max_client_batch_size,
         auto_truncate=settings.auto_truncate,
         metrics=metrics,
     )
 
 
-def warm_up(backend: Backend, spec: ModelSpec, settings: Settings) -> None:
+def warm_up(backend: Backend, spec: ModelSpec, settings: ModelSettings) -> None:
     """A 1-token forward (health), then one input of the max length, before the socket opens.
 
     On a GPU the whole token budget runs once, so that a budget too large for the device's
@@ -120,10 +121,11 @@ def warm_up(backend: Backend, spec: ModelSpec, settings: Settings) -> None:
         run(Batch.from_encodings([enc(spec.max_input_length)], [OutputKind.POOLED]))
 
 
-BackendFactory = Callable[[ModelSpec, Settings], Backend]
+BackendFactory = Callable[[ModelSpec, ModelSettings], Backend]
 
 
-def load(settings: Settings, make_backend: BackendFactory = select_backend) -> Served:
+def load(config: Settings, make_backend: BackendFactory = select_backend) -> Served:
+    server, settings = config.server, config.model
     limit_malloc_arenas()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     folder = resolve_model(
@@ -141,12 +143,12 @@ def load(settings: Settings, make_backend: BackendFactory = select_backend) -> S
     except BaseException:
         thread.close()
         raise
-    infer = build_pipeline(settings, spec, backend, thread=thread)
-    tracing = Tracing.from_settings(settings)
+    infer = build_pipeline(server, settings, spec, backend, thread=thread)
+    tracing = Tracing.from_settings(server)
     if tracing is not None:
         infer.tracer = tracing.tracer
-        log.info("tracing to %s as %s", tracing.endpoint, settings.otlp_service_name)
-    state = AppState(infer, settings, backend.name, backend.dtype, backend.device)
+        log.info("tracing to %s as %s", tracing.endpoint, server.otlp_service_name)
+    state = AppState(infer, settings, server, backend.name, backend.dtype, backend.device)
     # Fields rather than prose, so JSON logs carry them as values (text logs append them).
     startup = {
         "model": settings.model_id,
@@ -159,11 +161,11 @@ def load(settings: Settings, make_backend: BackendFactory = select_backend) -> S
         "max_input_length": spec.max_input_length,
         "max_batch_tokens": settings.max_batch_tokens,
         "max_batch_requests": infer.queue.max_batch_requests,
-        "max_concurrent_requests": settings.max_concurrent_requests,
+        "max_concurrent_requests": server.max_concurrent_requests,
         "max_client_batch_size": settings.max_client_batch_size,
     }
     log.info("model loaded and warmed up", extra=startup)
-    return Served(settings, spec, backend, infer, state, tracing)
+    return Served(config, spec, backend, infer, state, tracing)
 
 
 def freeze_startup_objects() -> int:
@@ -230,7 +232,7 @@ class _MetricsServer(uvicorn.Server):
 async def serve(served: Served) -> None:
     from vectorpress.api.app import create_app
 
-    settings = served.settings
+    settings = served.settings.server
     app = create_app(served.state)
     config = uvicorn.Config(
         app,

@@ -45,6 +45,19 @@ class DenseSpec:
 
 
 @dataclass(frozen=True)
+class M3Spec:
+    """bge-m3's two heads beside its encoder (BAAI's layout: `colbert_linear.pt` and
+    `sparse_linear.pt`, torch state dicts of nn.Linear). Dense stays the pooled CLS vector."""
+
+    colbert_path: Path
+    sparse_path: Path
+    colbert_dim: int
+    unused_token_ids: tuple[int, ...]
+    """Tokens that get no lexical weight: the tokenizer's cls, eos, pad and unk, as FlagEmbedding
+    drops them."""
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """Everything the pipeline and the backends need to know about the model."""
 
@@ -65,6 +78,25 @@ class ModelSpec:
     hidden_size: int = 0
     vocab_size: int = 0
     pad_token_id: int = 0
+    m3: M3Spec | None = None
+    """Set for a bge-m3 folder: sparse and ColBERT outputs from the same forward pass."""
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """What the model offers, as /info lists it: dense, sparse, colbert, scores."""
+        if self.kind != "embedding":
+            return ("scores",)
+        if self.m3 is not None:
+            return ("dense", "sparse", "colbert")
+        return ("sparse",) if self.is_splade else ("dense",)
+
+    @property
+    def has_sparse(self) -> bool:
+        return self.is_splade or self.m3 is not None
+
+    @property
+    def has_multi_vector(self) -> bool:
+        return self.m3 is not None
 
     @property
     def has_token_types(self) -> bool:
@@ -94,7 +126,11 @@ class ModelSpec:
     def info_model_type(self) -> dict[str, Any]:
         """The `model_type` object of /info, externally tagged as TEI does."""
         if self.kind == "embedding":
-            return {"embedding": {"pooling": self.pooling}}
+            info: dict[str, Any] = {"pooling": self.pooling}
+            if self.m3 is not None:
+                info["family"] = "bge-m3"
+                info["outputs"] = list(self.outputs)
+            return {"embedding": info}
         labels = {str(i): label for i, label in sorted(self.id2label.items())}
         return {self.kind: {"id2label": labels, "label2id": self.label2id}}
 
@@ -153,6 +189,54 @@ def _dense_modules(
             )
         )
     return tuple(out)
+
+
+def _special_token_ids(folder: Path, names: tuple[str, ...]) -> tuple[int, ...]:
+    """Ids of the named special tokens (special_tokens_map.json, else tokenizer_config.json)."""
+    from tokenizers import Tokenizer
+
+    declared: dict[str, Any] = {}
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        if (folder / name).is_file():
+            declared.update(_read_json(folder / name))
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    ids = []
+    for name in names:
+        token = declared.get(name)
+        if isinstance(token, dict):
+            token = token.get("content")
+        if isinstance(token, str) and (found := tokenizer.token_to_id(token)) is not None:
+            ids.append(found)
+    return tuple(sorted(set(ids)))
+
+
+def _m3_spec(folder: Path, hidden: int) -> M3Spec | None:
+    colbert, sparse = folder / "colbert_linear.pt", folder / "sparse_linear.pt"
+    if not colbert.is_file() and not sparse.is_file():
+        return None
+    if not (colbert.is_file() and sparse.is_file()):
+        missing = sparse if colbert.is_file() else colbert
+        raise StartupError(f"a bge-m3 folder needs both heads; {missing.name} is missing")
+    import torch
+
+    def shape(path: Path) -> tuple[int, ...]:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise StartupError(f"cannot read {path}: {exc}") from exc
+        weight = state.get("weight") if isinstance(state, dict) else None
+        if weight is None:
+            raise StartupError(f"{path} holds no `weight`")
+        return tuple(weight.shape)
+
+    colbert_shape, sparse_shape = shape(colbert), shape(sparse)
+    if colbert_shape[1:] != (hidden,) or sparse_shape != (1, hidden):
+        raise StartupError(
+            f"bge-m3 heads do not fit hidden size {hidden}: colbert_linear {colbert_shape}, "
+            f"sparse_linear {sparse_shape}"
+        )
+    unused = _special_token_ids(folder, ("cls_token", "eos_token", "pad_token", "unk_token"))
+    return M3Spec(colbert, sparse, colbert_shape[0], unused)
 
 
 def load_model_spec(folder: Path, settings: ModelSettings) -> ModelSpec:
@@ -237,6 +321,10 @@ def load_model_spec(folder: Path, settings: ModelSettings) -> ModelSpec:
         default_prompt = prompts.get(str(st_model_cfg["default_prompt_name"])) or None
 
     dense = _dense_modules(folder, modules, settings.dense_path) if kind == "embedding" else ()
+    hidden_size = int(config.get("hidden_size") or config.get("d_model") or config.get("dim") or 0)
+    m3 = _m3_spec(folder, hidden_size) if kind == "embedding" else None
+    if m3 is not None and pooling != "cls":
+        raise StartupError(f"a bge-m3 model pools its dense vector from CLS, not {pooling}")
 
     return ModelSpec(
         path=folder,
@@ -251,9 +339,8 @@ def load_model_spec(folder: Path, settings: ModelSettings) -> ModelSpec:
         prompts=prompts,
         default_prompt=default_prompt,
         dense=dense,
-        hidden_size=int(
-            config.get("hidden_size") or config.get("d_model") or config.get("dim") or 0
-        ),
+        hidden_size=hidden_size,
         vocab_size=int(config.get("vocab_size", 0)),
         pad_token_id=int(config.get("pad_token_id") or 0),
+        m3=m3,
     )

@@ -22,6 +22,9 @@ class OutputKind(str, Enum):
     """A pooled vector (Dense applied), SPLADE vector, or class logits."""
     RAW = "raw"
     """The last hidden state of every token."""
+    MULTI = "multi"
+    """A model's several outputs from one pass (bge-m3: dense, sparse, ColBERT; a ColBERT
+    model: its per-token vectors), as a dict of arrays."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,8 @@ class Batch:
     """Sequences that want a pooled output, in order."""
     raw_indices: tuple[int, ...]
     """Sequences that want per-token outputs, in order."""
+    multi_indices: tuple[int, ...] = ()
+    """Sequences that want the model's several outputs (OutputKind.MULTI), in order."""
 
     @property
     def size(self) -> int:
@@ -126,6 +131,7 @@ class Batch:
             max_seqlen=max(lengths, default=0),
             pooled_indices=tuple(i for i, k in enumerate(kinds) if k is OutputKind.POOLED),
             raw_indices=tuple(i for i, k in enumerate(kinds) if k is OutputKind.RAW),
+            multi_indices=tuple(i for i, k in enumerate(kinds) if k is OutputKind.MULTI),
         )
 
 
@@ -134,8 +140,22 @@ class BatchOutput:
     """What a backend returns for one batch.
 
     ``pooled`` has one row per entry of ``pooled_indices`` (embedding vectors, SPLADE vectors or
-    class logits); ``raw`` one (tokens, hidden) array per entry of ``raw_indices``.
+    class logits); ``raw`` one (tokens, hidden) array per entry of ``raw_indices``; ``multi`` one
+    dict of named arrays per entry of ``multi_indices`` (see `MultiOutput` keys).
     """
 
     pooled: np.ndarray | None
     raw: list[np.ndarray]
+    multi: list[dict[str, np.ndarray]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class MultiOutput:
+    """What /embed_multi gives for one input: the parts asked for, the others None."""
+
+    dense: np.ndarray | None = None
+    """The pooled vector (normalized unless asked otherwise)."""
+    sparse: tuple[np.ndarray, np.ndarray] | None = None
+    """Token ids (ascending) and their weights."""
+    colbert: np.ndarray | None = None
+    """`(tokens, dim)`, one normalized vector per token."""

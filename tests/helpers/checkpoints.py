@@ -337,7 +337,9 @@ def make_m3(dest: Path, seed: int = 0, colbert_dim: int | None = None) -> Path:
     torch.manual_seed(seed)
     # Weights drawn wider than BERT's 0.02, so that the CLS vector depends on the text enough
     # for a parity check to tell pooling rules apart.
-    model = tf.XLMRobertaModel(_config("xlm-roberta", initializer_range=0.25), add_pooling_layer=False)
+    model = tf.XLMRobertaModel(
+        _config("xlm-roberta", initializer_range=0.25), add_pooling_layer=False
+    )
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "LayerNorm" in name:

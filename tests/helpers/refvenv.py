@@ -37,9 +37,7 @@ def run_reference(script: str, request: dict[str, Any], timeout: float = 600.0) 
     with tempfile.TemporaryDirectory(prefix="vp-ref-") as tmp:
         req, out = Path(tmp) / "request.json", Path(tmp) / "answer.json"
         req.write_text(json.dumps(request))
-        env = {
-            k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")
-        }
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
         done = subprocess.run(
             [str(ref_python()), str(SCRIPTS / f"{script}.py"), str(req), str(out)],
@@ -51,5 +49,7 @@ def run_reference(script: str, request: dict[str, Any], timeout: float = 600.0) 
         )
         if done.returncode != 0:
             sys.stderr.write(done.stderr)
-            raise RuntimeError(f"reference {script} failed ({done.returncode}): {done.stderr[-2000:]}")
+            raise RuntimeError(
+                f"reference {script} failed ({done.returncode}): {done.stderr[-2000:]}"
+            )
         return json.loads(out.read_text())

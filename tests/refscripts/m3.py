@@ -9,15 +9,19 @@ import sys
 
 from FlagEmbedding import BGEM3FlagModel
 
-request = json.load(open(sys.argv[1]))
+with open(sys.argv[1]) as f:
+    request = json.load(f)
 model = BGEM3FlagModel(request["folder"], use_fp16=False, devices="cpu")
-out = model.encode(
-    request["texts"],
-    batch_size=4,
-    return_dense=True,
-    return_sparse=True,
-    return_colbert_vecs=True,
-)
+empty = {"dense_vecs": [], "lexical_weights": [], "colbert_vecs": []}
+out = empty
+if request["texts"]:
+    out = model.encode(
+        request["texts"],
+        batch_size=4,
+        return_dense=True,
+        return_sparse=True,
+        return_colbert_vecs=True,
+    )
 scores = []
 for query, passage in request.get("pairs", []):
     kwargs = {}
@@ -31,4 +35,5 @@ answer = {
     "colbert": [v.tolist() for v in out["colbert_vecs"]],
     "scores": scores,
 }
-json.dump(answer, open(sys.argv[2], "w"))
+with open(sys.argv[2], "w") as f:
+    json.dump(answer, f)

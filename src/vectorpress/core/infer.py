@@ -27,7 +27,7 @@ from vectorpress.errors import (
 )
 from vectorpress.model_spec import ModelSpec
 from vectorpress.observability import tracing
-from vectorpress.types import Encoding, Entry, OutputKind, Timings, Truncation
+from vectorpress.types import Encoding, Entry, MultiOutput, OutputKind, Timings, Truncation
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -49,9 +49,24 @@ class Result(Generic[T]):
 
 @dataclass
 class _Run:
-    values: list[np.ndarray]
+    values: list[Any]
+    """Arrays, or for MULTI entries dicts of named arrays."""
     encodings: list[Encoding]
     timings: Timings
+
+
+def m3_weights(weights: Sequence[float] | None) -> tuple[float, float, float]:
+    """A request's bge-m3 weights (dense, sparse, ColBERT), checked: three, none negative, not
+    all zero."""
+    if weights is None:
+        return postprocess.M3_DEFAULT_WEIGHTS
+    values = tuple(float(w) for w in weights)
+    if len(values) != 3 or any(not np.isfinite(w) or w < 0 for w in values) or sum(values) <= 0:
+        raise ValidationError(
+            "Input validation error: `weights` must be three non-negative numbers (dense, "
+            f"sparse, colbert) that do not sum to zero, got {list(weights)}"
+        )
+    return values
 
 
 class Infer:
@@ -279,11 +294,12 @@ class Infer:
         """SPLADE vectors as (indices, values) of their non-zero entries."""
 
         async def call() -> Result[list[tuple[np.ndarray, np.ndarray]]]:
-            if self.spec.kind != "embedding" or not self.spec.is_splade:
+            if self.spec.kind != "embedding" or not self.spec.has_sparse:
                 raise ModelTypeError(
                     "Backend error: Model is not an embedding model with SPLADE pooling"
                 )
             self.check_batch(len(inputs))
+            m3 = self.spec.m3 is not None
             run = await self._run(
                 len(inputs),
                 lambda: self.tokenizers.encode(
@@ -292,13 +308,15 @@ class Infer:
                     direction=direction,
                     prompt_name=prompt_name,
                 ),
-                OutputKind.POOLED,
+                OutputKind.MULTI if m3 else OutputKind.POOLED,
                 "embed",
                 wait_for_permits,
             )
-            return self._result(
-                [postprocess.sparsify(v) for v in run.values], run, self._chars(inputs)
-            )
+            if m3:
+                values = [(v["sparse_ids"], v["sparse_weights"]) for v in run.values]
+            else:
+                values = [postprocess.sparsify(v) for v in run.values]
+            return self._result(values, run, self._chars(inputs))
 
         return await self._request(len(inputs), call, "embed_sparse", batch)
 
@@ -334,6 +352,70 @@ class Infer:
             return self._result(run.values, run, self._chars(inputs))
 
         return await self._request(len(inputs), call, "embed_all", batch)
+
+    async def embed_multi(
+        self,
+        inputs: Sequence[TextInput],
+        *,
+        dense: bool = False,
+        sparse: bool = False,
+        colbert: bool = True,
+        normalize: bool = True,
+        truncate: bool | None = None,
+        direction: Truncation = Truncation.RIGHT,
+        prompt_name: str | None = None,
+        wait_for_permits: bool = False,
+        batch: bool | None = None,
+    ) -> Result[list[MultiOutput]]:
+        """Any of a multi-output model's dense vector, sparse weights and per-token (ColBERT)
+        vectors, all from one forward pass per input."""
+
+        async def call() -> Result[list[MultiOutput]]:
+            self._require_multi_vector()
+            if not (dense or sparse or colbert):
+                raise ValidationError(
+                    "Input validation error: ask for at least one of `dense`, `sparse` and "
+                    "`colbert`"
+                )
+            offered = self.spec.outputs
+            for name, wanted in (("dense", dense), ("sparse", sparse), ("colbert", colbert)):
+                if wanted and name not in offered:
+                    raise ModelTypeError(f"Backend error: Model has no {name} output")
+            self.check_batch(len(inputs))
+            run = await self._run(
+                len(inputs),
+                lambda: self.tokenizers.encode(
+                    inputs,
+                    truncate=self._truncate(truncate),
+                    direction=direction,
+                    prompt_name=prompt_name,
+                ),
+                OutputKind.MULTI,
+                "embed",
+                wait_for_permits,
+            )
+            out = []
+            for v in run.values:
+                vector = v.get("dense") if dense else None
+                if vector is not None and normalize:
+                    vector = postprocess.l2_normalize(vector)
+                out.append(
+                    MultiOutput(
+                        dense=vector,
+                        sparse=(v["sparse_ids"], v["sparse_weights"]) if sparse else None,
+                        colbert=v["colbert"] if colbert else None,
+                    )
+                )
+            return self._result(out, run, self._chars(inputs))
+
+        return await self._request(len(inputs), call, "embed_multi", batch)
+
+    def _require_multi_vector(self) -> None:
+        if not self.spec.has_multi_vector:
+            raise ModelTypeError(
+                "Backend error: Model has no multi-vector (ColBERT) output; serve a bge-m3 or "
+                "ColBERT model"
+            )
 
     async def similarity(
         self,
@@ -411,10 +493,20 @@ class Infer:
         direction: Truncation = Truncation.RIGHT,
         raw_scores: bool = False,
         wait_for_permits: bool = False,
+        weights: Sequence[float] | None = None,
     ) -> Result[list[tuple[int, float]]]:
-        """(index, score) of each text, best first; ties put the higher index first."""
+        """(index, score) of each text, best first; ties put the higher index first.
+
+        A cross-encoder scores each pair; a bge-m3 model encodes the query and the texts once
+        each and scores them by FlagEmbedding's weighted mean of its dense, sparse and ColBERT
+        scores (`weights`, in that order; its defaults otherwise).
+        """
 
         async def call() -> Result[list[tuple[int, float]]]:
+            if self.spec.has_multi_vector:
+                return await self._rerank_multi(query, texts, truncate, direction, weights)
+            if weights is not None:
+                raise ValidationError("Input validation error: `weights` is for bge-m3 models only")
             if self.spec.kind != "reranker":
                 raise ModelTypeError("Backend error: model is not a re-ranker model")
             if not texts:
@@ -437,6 +529,32 @@ class Infer:
 
         # TEI counts every rerank as a batch request, whatever the number of texts.
         return await self._request(len(texts), call, "rerank", batch=True)
+
+    async def _rerank_multi(
+        self,
+        query: str,
+        texts: Sequence[str],
+        truncate: bool | None,
+        direction: Truncation,
+        weights: Sequence[float] | None,
+    ) -> Result[list[tuple[int, float]]]:
+        mode = m3_weights(weights)
+        if not texts:
+            raise EmptyError("`texts` cannot be empty")
+        self.check_batch(len(texts), "texts")
+        everything = [query, *texts]
+        run = await self._run(
+            len(everything),
+            lambda: self.tokenizers.encode(
+                everything, truncate=self._truncate(truncate), direction=direction
+            ),
+            OutputKind.MULTI,
+            "predict",
+        )
+        q, *passages = run.values
+        scores = [postprocess.m3_scores(q, p, mode)["colbert+sparse+dense"] for p in passages]
+        ranked = [(i, scores[i]) for i in postprocess.rerank_order(scores)]
+        return self._result(ranked, run, self._chars(everything))
 
     # -- tokenizer routes ----------------------------------------------------------------------
 

@@ -45,6 +45,7 @@ async def run_rerank(state: AppState, body: RerankRequest) -> tuple[Any, Result[
         truncate=body.truncate,
         direction=to_truncation(body.truncation_direction),
         raw_scores=body.raw_scores,
+        weights=body.weights,
     )
     if body.return_text:
         payload = [

@@ -94,6 +94,25 @@ class EmbedSparseRequest(EmbedAllRequest):
     pass
 
 
+class EmbedMultiRequest(_Body):
+    model_config = _example(
+        {"inputs": ["What is BGE M3?"], "dense": True, "sparse": True, "colbert": True}
+    )
+
+    inputs: Input
+    dense: StrictBool = False
+    sparse: StrictBool = False
+    colbert: StrictBool = True
+    normalize: StrictBool = True
+    """Normalize the dense vector (per-token vectors always are, as the models train them)."""
+    encoding_format: Literal["float", "base64"] = "float"
+    """base64: each text's per-token vectors as one little-endian array, row after row."""
+    dtype: Literal["float32", "float16"] = "float32"
+    truncate: StrictBool | None = None
+    truncation_direction: Direction = "Right"
+    prompt_name: StrictStr | None = None
+
+
 class SimilarityInput(_Body):
     source_sentence: StrictStr
     sentences: list[StrictStr]
@@ -145,6 +164,8 @@ class RerankRequest(_Body):
     truncation_direction: Direction = "Right"
     raw_scores: StrictBool = False
     return_text: StrictBool = False
+    weights: list[float] | None = None
+    """bge-m3 only: the weights of its dense, sparse and ColBERT scores."""
 
 
 class TokenizeRequest(_Body):

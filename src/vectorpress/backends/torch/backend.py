@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from vectorpress.backends.common.multivector import load_m3_heads, m3_outputs
 from vectorpress.backends.torch.attention import PackedSequences, varlen_usable
 from vectorpress.backends.torch.heads import ClassificationHead, MLMHead, load_dense
 from vectorpress.backends.torch.int8 import (
@@ -23,6 +24,7 @@ from vectorpress.backends.torch.passes import CPU_PASS_TOKENS, CpuPasses, PassPl
 from vectorpress.backends.torch.pooling import (
     last_non_pad_rows,
     pool,
+    rows_of,
     splade_vectors,
 )
 from vectorpress.backends.torch.registry import Architecture, HeadRules, lookup
@@ -171,6 +173,11 @@ class TorchBackend:
         self.dense = [
             load_dense(d).eval().to(device=device, dtype=torch.float32) for d in spec.dense
         ]
+        self.m3 = (
+            load_m3_heads(spec.m3, spec.hidden_size).to(device=device, dtype=torch.float32)
+            if spec.m3 is not None
+            else None
+        )
         self._torch_dtype = torch_dtype
         self.passes = CpuPasses(INT8_PASS_TOKENS if int8 else CPU_PASS_TOKENS, plan)
         if int8:
@@ -220,7 +227,21 @@ class TorchBackend:
             hidden[seqs.starts[i] : seqs.starts[i] + seqs.lengths[i]].float().cpu().numpy()
             for i in batch.raw_indices
         ]
-        return BatchOutput(pooled, raw)
+        return BatchOutput(pooled, raw, self._multi(batch, hidden, seqs))
+
+    def _multi(
+        self, batch: Batch, hidden: torch.Tensor, seqs: PackedSequences
+    ) -> list[dict[str, np.ndarray]]:
+        which = list(batch.multi_indices)
+        if not which:
+            return []
+        if self.m3 is None:
+            raise StartupError(f"{self.spec.architecture} has no multi-vector head")
+        rows, lengths = rows_of(hidden, seqs, which)
+        cu = batch.cu_seqlens
+        ids = np.concatenate([batch.input_ids[cu[i] : cu[i + 1]] for i in which])
+        assert self.spec.m3 is not None
+        return m3_outputs(self.m3, rows.float(), lengths, ids, self.spec.m3.unused_token_ids)
 
     @torch.inference_mode()
     def predict(self, batch: Batch) -> BatchOutput:

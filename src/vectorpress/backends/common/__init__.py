@@ -1,0 +1,1 @@
+"""What every backend shares: packed sequences, pooling and heads."""

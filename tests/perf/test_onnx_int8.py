@@ -108,13 +108,13 @@ def test_the_int8_graph_is_built_once_and_a_failed_build_leaves_nothing(
     monkeypatch.setattr(quantize, "quantize_graph", fail)
     spec = load_model_spec(folder, settings.model)
     fp32 = cache / next(p for p in before if not p.startswith("int8-")) / "model.onnx"
-    assert int8_graph(fp32, spec, settings) == first
+    assert int8_graph(fp32, spec, settings.model) == first
     # Another fp32 graph (here: a copy) is another int8 graph; its build fails cleanly.
     other = tmp_path / "other" / "model.onnx"
     other.parent.mkdir()
     other.write_bytes(fp32.read_bytes())
     with pytest.raises(StartupError, match=r"cannot quantize .*quantized again"):
-        int8_graph(other, spec, settings)
+        int8_graph(other, spec, settings.model)
     assert sorted(p.name for p in cache.iterdir()) == before
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
+import string
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vectorpress.errors import StartupError
 from vectorpress.settings import ModelSettings
+from vectorpress.types import OutputKind
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,28 @@ class M3Spec:
 
 
 @dataclass(frozen=True)
+class ColbertSpec:
+    """A ColBERT model in PyLate's layout (config_sentence_transformers.json `model_type`
+    ColBERT): prefixes inserted after the first token, queries expanded with mask tokens to
+    `query_length`, documents without their skip-list tokens, a bias-free projection."""
+
+    query_prefix_id: int | None
+    document_prefix_id: int | None
+    query_length: int
+    document_length: int
+    expansion: bool
+    """Queries are padded with `mask_token_id` to `query_length`."""
+    attend_to_expansion: bool
+    mask_token_id: int
+    skiplist_ids: tuple[int, ...]
+    dense: tuple[DenseSpec, ...]
+
+    @property
+    def dim(self) -> int:
+        return self.dense[-1].out_features
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """Everything the pipeline and the backends need to know about the model."""
 
@@ -80,6 +104,8 @@ class ModelSpec:
     pad_token_id: int = 0
     m3: M3Spec | None = None
     """Set for a bge-m3 folder: sparse and ColBERT outputs from the same forward pass."""
+    colbert: ColbertSpec | None = None
+    """Set for a PyLate ColBERT folder: per-token vectors only."""
 
     @property
     def outputs(self) -> tuple[str, ...]:
@@ -88,7 +114,14 @@ class ModelSpec:
             return ("scores",)
         if self.m3 is not None:
             return ("dense", "sparse", "colbert")
+        if self.colbert is not None:
+            return ("colbert",)
         return ("sparse",) if self.is_splade else ("dense",)
+
+    @property
+    def probe_kind(self) -> OutputKind:
+        """What a warm-up or health probe asks for: a ColBERT model pools nothing."""
+        return OutputKind.MULTI if self.colbert is not None else OutputKind.POOLED
 
     @property
     def has_sparse(self) -> bool:
@@ -96,7 +129,7 @@ class ModelSpec:
 
     @property
     def has_multi_vector(self) -> bool:
-        return self.m3 is not None
+        return self.m3 is not None or self.colbert is not None
 
     @property
     def has_token_types(self) -> bool:
@@ -121,6 +154,8 @@ class ModelSpec:
     def embedding_size(self) -> int:
         if self.is_splade:
             return self.vocab_size
+        if self.colbert is not None:
+            return self.colbert.dim
         return self.dense[-1].out_features if self.dense else self.hidden_size
 
     def info_model_type(self) -> dict[str, Any]:
@@ -130,6 +165,8 @@ class ModelSpec:
             if self.m3 is not None:
                 info["family"] = "bge-m3"
                 info["outputs"] = list(self.outputs)
+            elif self.colbert is not None:
+                info = {"pooling": None, "family": "colbert", "outputs": list(self.outputs)}
             return {"embedding": info}
         labels = {str(i): label for i, label in sorted(self.id2label.items())}
         return {self.kind: {"id2label": labels, "label2id": self.label2id}}
@@ -239,6 +276,90 @@ def _m3_spec(folder: Path, hidden: int) -> M3Spec | None:
     return M3Spec(colbert, sparse, colbert_shape[0], unused)
 
 
+_PYLATE_DENSE = "pylate.models.Dense.Dense"
+
+
+def _colbert_spec(folder: Path, modules: list[dict[str, Any]], st: dict[str, Any]) -> ColbertSpec:
+    from tokenizers import Tokenizer
+
+    dense = []
+    for module in modules:
+        kind = str(module.get("type", ""))
+        if kind.endswith("models.Transformer"):
+            continue
+        if kind != _PYLATE_DENSE and not kind.endswith("models.Dense"):
+            raise StartupError(f"ColBERT module {kind} of {folder} is not supported")
+        path = folder / module["path"]
+        cfg = _read_json(path / "config.json")
+        if cfg.get("use_residual"):
+            raise StartupError(f"a residual ColBERT projection ({path}) is not supported")
+        name = cfg.get("activation_function") or "torch.nn.modules.linear.Identity"
+        if name not in _ACTIVATIONS:
+            raise StartupError(f"Dense activation {name} in {path} is not supported")
+        dense.append(
+            DenseSpec(
+                path=path,
+                in_features=int(cfg["in_features"]),
+                out_features=int(cfg["out_features"]),
+                bias=bool(cfg.get("bias", False)),
+                activation=_ACTIVATIONS[name],
+            )
+        )
+    if not dense:
+        raise StartupError(f"ColBERT folder {folder} has no projection (Dense) module")
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    declared: dict[str, Any] = {}
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        if (folder / name).is_file():
+            declared.update(_read_json(folder / name))
+
+    def token_id(token: object) -> int | None:
+        if isinstance(token, dict):
+            token = token.get("content")
+        return tokenizer.token_to_id(token) if isinstance(token, str) and token else None
+
+    def prefix(key: str, default: str) -> int | None:
+        text = st.get(key, default)
+        if not text:
+            return None
+        found = token_id(text)
+        if found is None:
+            raise StartupError(f"the ColBERT {key} {text!r} is not a token of the tokenizer")
+        return found
+
+    # PyLate pads queries with the mask token (an encoder's), else the end-of-sequence token.
+    mask = token_id(declared.get("mask_token")) or token_id(declared.get("eos_token"))
+    if mask is None:
+        raise StartupError(f"ColBERT folder {folder}: the tokenizer has no mask or eos token")
+    # Words absent from the vocabulary become the unknown token, as PyLate's
+    # convert_tokens_to_ids makes them.
+    unk = token_id(declared.get("unk_token"))
+    words = st.get("skiplist_words")
+    skip = set()
+    for word in words if words is not None else list(string.punctuation):
+        found = tokenizer.token_to_id(word)
+        found = unk if found is None else found
+        if found is not None:
+            skip.add(found)
+    expansion = bool(st.get("do_query_expansion", True))
+    query_length = int(st.get("query_length") or 32)
+    document_length = int(st.get("document_length") or 180)
+    for name, value in (("query_length", query_length), ("document_length", document_length)):
+        if value < 3:
+            raise StartupError(f"ColBERT {name} must be at least 3, got {value}")
+    return ColbertSpec(
+        query_prefix_id=prefix("query_prefix", "[Q] "),
+        document_prefix_id=prefix("document_prefix", "[D] "),
+        query_length=query_length,
+        document_length=document_length,
+        expansion=expansion,
+        attend_to_expansion=expansion and bool(st.get("attend_to_expansion_tokens", False)),
+        mask_token_id=mask,
+        skiplist_ids=tuple(sorted(skip)),
+        dense=tuple(dense),
+    )
+
+
 def load_model_spec(folder: Path, settings: ModelSettings) -> ModelSpec:
     """Read the model's description and check it against the settings."""
     config = _read_json(folder / "config.json")
@@ -257,9 +378,19 @@ def load_model_spec(folder: Path, settings: ModelSettings) -> ModelSpec:
 
     modules_path = folder / "modules.json"
     modules: list[dict[str, Any]] = _read_json(modules_path) if modules_path.is_file() else []
+    st_model_cfg_path = folder / "config_sentence_transformers.json"
+    st_model_cfg = _read_json(st_model_cfg_path) if st_model_cfg_path.is_file() else {}
+    colbert = (
+        _colbert_spec(folder, modules, st_model_cfg)
+        if kind == "embedding" and st_model_cfg.get("model_type") == "ColBERT"
+        else None
+    )
 
     pooling: str | None = None
-    if kind == "embedding":
+    if colbert is not None:
+        if settings.pooling is not None:
+            raise StartupError("a ColBERT model has no pooling; leave --pooling unset")
+    elif kind == "embedding":
         if settings.pooling is not None:
             pooling = settings.pooling
         else:
@@ -287,7 +418,10 @@ def load_model_spec(folder: Path, settings: ModelSettings) -> ModelSpec:
             st_cfg = _read_json(folder / name)
             break
     candidates = []
-    if st_cfg.get("max_seq_length"):
+    if colbert is not None:
+        # PyLate sets the encoder's max_seq_length per side, past sentence_bert_config's.
+        candidates.append(max(colbert.query_length, colbert.document_length))
+    elif st_cfg.get("max_seq_length"):
         candidates.append(int(st_cfg["max_seq_length"]))
     if max_positions:
         candidates.append(int(max_positions) - position_offset)
@@ -303,8 +437,6 @@ def load_model_spec(folder: Path, settings: ModelSettings) -> ModelSpec:
             )
         max_input_length = settings.max_batch_tokens
 
-    st_model_cfg_path = folder / "config_sentence_transformers.json"
-    st_model_cfg = _read_json(st_model_cfg_path) if st_model_cfg_path.is_file() else {}
     prompts = {str(k): str(v) for k, v in (st_model_cfg.get("prompts") or {}).items()}
     default_prompt: str | None = None
     if settings.default_prompt is not None:
@@ -320,7 +452,11 @@ def load_model_spec(folder: Path, settings: ModelSettings) -> ModelSpec:
     elif st_model_cfg.get("default_prompt_name"):
         default_prompt = prompts.get(str(st_model_cfg["default_prompt_name"])) or None
 
-    dense = _dense_modules(folder, modules, settings.dense_path) if kind == "embedding" else ()
+    dense = (
+        _dense_modules(folder, modules, settings.dense_path)
+        if kind == "embedding" and colbert is None
+        else ()
+    )
     hidden_size = int(config.get("hidden_size") or config.get("d_model") or config.get("dim") or 0)
     m3 = _m3_spec(folder, hidden_size) if kind == "embedding" else None
     if m3 is not None and pooling != "cls":
@@ -343,4 +479,5 @@ def load_model_spec(folder: Path, settings: ModelSettings) -> ModelSpec:
         vocab_size=int(config.get("vocab_size", 0)),
         pad_token_id=int(config.get("pad_token_id") or 0),
         m3=m3,
+        colbert=colbert,
     )

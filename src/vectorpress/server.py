@@ -29,7 +29,7 @@ from vectorpress.hub import resolve_model
 from vectorpress.model_spec import ModelSpec, load_model_spec
 from vectorpress.observability.tracing import Tracing
 from vectorpress.settings import ModelSettings, ServerSettings, Settings
-from vectorpress.types import Batch, Encoding, OutputKind
+from vectorpress.types import Batch, Encoding
 
 log = logging.getLogger(__name__)
 
@@ -111,14 +111,14 @@ def warm_up(backend: Backend, spec: ModelSpec, settings: ModelSettings) -> None:
     def enc(n: int) -> Encoding:
         return Encoding(ids=[0] * n, type_ids=[0] * n, position_offset=offset)
 
-    run(Batch.from_encodings([enc(1)]))
+    run(Batch.from_encodings([enc(1)], [spec.probe_kind]))
     if backend.device.startswith("cuda"):
         n = max(1, settings.max_batch_tokens // spec.max_input_length)
         if settings.max_batch_requests:
             n = min(n, settings.max_batch_requests)
-        run(Batch.from_encodings([enc(spec.max_input_length)] * n))
+        run(Batch.from_encodings([enc(spec.max_input_length)] * n, [spec.probe_kind] * n))
     else:
-        run(Batch.from_encodings([enc(spec.max_input_length)], [OutputKind.POOLED]))
+        run(Batch.from_encodings([enc(spec.max_input_length)], [spec.probe_kind]))
 
 
 BackendFactory = Callable[[ModelSpec, ModelSettings], Backend]

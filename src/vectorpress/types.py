@@ -36,6 +36,9 @@ class Encoding:
     position_offset: int = 0
     chars: int = 0
     truncated: bool = False
+    attended: int | None = None
+    """Tokens may attend to the first `attended` tokens only (a ColBERT query's expansion
+    tokens are held out); None: to all."""
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -88,6 +91,9 @@ class Batch:
     """Sequences that want per-token outputs, in order."""
     multi_indices: tuple[int, ...] = ()
     """Sequences that want the model's several outputs (OutputKind.MULTI), in order."""
+    key_lengths: np.ndarray | None = None
+    """(n,) int32: how many leading tokens of each sequence its tokens attend to; None when
+    every token attends to the whole sequence."""
 
     @property
     def size(self) -> int:
@@ -123,6 +129,11 @@ class Batch:
             else np.zeros(0, dtype=np.int64)
         )
         kinds = kinds or [OutputKind.POOLED] * len(encodings)
+        key_lengths = None
+        if any(e.attended is not None for e in encodings):
+            key_lengths = np.array(
+                [len(e) if e.attended is None else e.attended for e in encodings], dtype=np.int32
+            )
         return cls(
             input_ids=ids,
             token_type_ids=types,
@@ -132,6 +143,7 @@ class Batch:
             pooled_indices=tuple(i for i, k in enumerate(kinds) if k is OutputKind.POOLED),
             raw_indices=tuple(i for i, k in enumerate(kinds) if k is OutputKind.RAW),
             multi_indices=tuple(i for i, k in enumerate(kinds) if k is OutputKind.MULTI),
+            key_lengths=key_lengths,
         )
 
 

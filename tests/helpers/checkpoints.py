@@ -359,3 +359,24 @@ def make_m3(dest: Path, seed: int = 0, colbert_dim: int | None = None) -> Path:
     torch.save(colbert.state_dict(), dest / "colbert_linear.pt")
     torch.save(sparse.state_dict(), dest / "sparse_linear.pt")
     return dest
+
+
+def make_colbert(
+    dest: Path, arch: str = "bert", embedding_size: int = 16, seed: int = 0, **options: object
+) -> Path:
+    """A tiny ColBERT in PyLate's layout: a tiny `arch` encoder saved by
+    `pylate.models.ColBERT(base, embedding_size).save(dest)` in the reference venv (PyLate adds
+    its prefix tokens to the tokenizer and a random bias-free projection). `options` go to
+    ColBERT() (query_length, document_length, attend_to_expansion_tokens...)."""
+    from tests.helpers.refvenv import run_reference
+
+    base = make_tiny(dest.parent / f"{dest.name}-base", arch, seed=seed)
+    request = {
+        "base": str(base),
+        "dest": str(dest),
+        "embedding_size": embedding_size,
+        "seed": seed,
+        "options": options,
+    }
+    run_reference("colbert_save", request)
+    return dest

@@ -34,9 +34,9 @@ def select_backend(spec: ModelSpec, settings: ModelSettings) -> Backend:
             choice, why = "torch", f"model_type {spec.model_type!r} has a native packed model"
     else:
         why = "--backend asked for it"
-    if spec.m3 is not None and choice != "torch":
+    if spec.has_multi_vector and choice != "torch":
         raise StartupError(
-            f"bge-m3's sparse and ColBERT heads run on --backend torch only, not {choice}"
+            f"multi-vector models (bge-m3, ColBERT) run on --backend torch only, not {choice}"
         )
     log.info("backend %s serves %s: %s", choice, spec.architecture, why)
     if choice == "torch":

@@ -25,7 +25,7 @@ from vectorpress.errors import (
     ValidationError,
     VectorpressError,
 )
-from vectorpress.model_spec import ModelSpec
+from vectorpress.model_spec import ColbertSpec, ModelSpec
 from vectorpress.observability import tracing
 from vectorpress.types import Encoding, Entry, MultiOutput, OutputKind, Timings, Truncation
 
@@ -53,6 +53,22 @@ class _Run:
     """Arrays, or for MULTI entries dicts of named arrays."""
     encodings: list[Encoding]
     timings: Timings
+
+
+def colbert_encoding(enc: Encoding, colbert: ColbertSpec, is_query: bool) -> Encoding:
+    """PyLate's ColBERT input: the side's prefix token after the first token, and a query
+    padded with mask tokens to the query length, which the other tokens do not attend to
+    unless the model says so."""
+    prefix = colbert.query_prefix_id if is_query else colbert.document_prefix_id
+    ids = list(enc.ids)
+    if prefix is not None:
+        ids = [*ids[:1], prefix, *ids[1:]]
+    attended = None
+    if is_query and colbert.expansion and len(ids) < colbert.query_length:
+        real = len(ids)
+        ids += [colbert.mask_token_id] * (colbert.query_length - real)
+        attended = None if colbert.attend_to_expansion else real
+    return Encoding(ids, [0] * len(ids), enc.position_offset, enc.chars, enc.truncated, attended)
 
 
 def m3_weights(weights: Sequence[float] | None) -> tuple[float, float, float]:
@@ -257,6 +273,10 @@ class Infer:
 
         async def call() -> Result[list[np.ndarray]]:
             self._require_embedding()
+            if self.spec.colbert is not None:
+                raise ModelTypeError(
+                    "Backend error: a ColBERT model gives per-token vectors only; use /embed_multi"
+                )
             self.check_batch(len(inputs))
             if self.spec.is_splade and normalize:
                 raise BackendError("Backend error: `normalize` is not available for SPLADE models")
@@ -364,11 +384,13 @@ class Infer:
         truncate: bool | None = None,
         direction: Truncation = Truncation.RIGHT,
         prompt_name: str | None = None,
+        is_query: bool = True,
         wait_for_permits: bool = False,
         batch: bool | None = None,
     ) -> Result[list[MultiOutput]]:
         """Any of a multi-output model's dense vector, sparse weights and per-token (ColBERT)
-        vectors, all from one forward pass per input."""
+        vectors, all from one forward pass per input. A ColBERT model encodes the inputs as
+        queries (prefix, expansion) or documents (prefix, skip-list) by `is_query`."""
 
         async def call() -> Result[list[MultiOutput]]:
             self._require_multi_vector()
@@ -382,20 +404,16 @@ class Infer:
                 if wanted and name not in offered:
                     raise ModelTypeError(f"Backend error: Model has no {name} output")
             self.check_batch(len(inputs))
+            sides = [is_query] * len(inputs)
             run = await self._run(
                 len(inputs),
-                lambda: self.tokenizers.encode(
-                    inputs,
-                    truncate=self._truncate(truncate),
-                    direction=direction,
-                    prompt_name=prompt_name,
-                ),
+                lambda: self._encode_multi(inputs, sides, truncate, direction, prompt_name),
                 OutputKind.MULTI,
                 "embed",
                 wait_for_permits,
             )
             out = []
-            for v in run.values:
+            for v in self._kept_tokens(run, sides):
                 vector = v.get("dense") if dense else None
                 if vector is not None and normalize:
                     vector = postprocess.l2_normalize(vector)
@@ -409,6 +427,57 @@ class Infer:
             return self._result(out, run, self._chars(inputs))
 
         return await self._request(len(inputs), call, "embed_multi", batch)
+
+    async def _encode_multi(
+        self,
+        inputs: Sequence[TextInput],
+        queries: list[bool],
+        truncate: bool | None,
+        direction: Truncation,
+        prompt_name: str | None = None,
+    ) -> list[Encoding]:
+        """Encodings for MULTI entries; a ColBERT model's with its prefix and query expansion."""
+        colbert = self.spec.colbert
+        if colbert is None:
+            return await self.tokenizers.encode(
+                inputs,
+                truncate=self._truncate(truncate),
+                direction=direction,
+                prompt_name=prompt_name,
+            )
+        out: list[Encoding] = []
+        for side in (True, False):
+            which = [i for i, q in enumerate(queries) if q is side]
+            if not which:
+                continue
+            length = colbert.query_length if side else colbert.document_length
+            prefix = colbert.query_prefix_id if side else colbert.document_prefix_id
+            encodings = await self.tokenizers.encode(
+                [inputs[i] for i in which],
+                truncate=self._truncate(truncate),
+                direction=direction,
+                prompt_name=prompt_name,
+                max_length=length - (prefix is not None),
+            )
+            out.extend(colbert_encoding(e, colbert, side) for e in encodings)
+        # Back in input order: queries were encoded first.
+        order = [i for q in (True, False) for i, side in enumerate(queries) if side is q]
+        ranked = sorted(range(len(order)), key=order.__getitem__)
+        return [out[r] for r in ranked]
+
+    def _kept_tokens(self, run: _Run, queries: list[bool]) -> list[dict[str, np.ndarray]]:
+        """MULTI values with a ColBERT document's skip-list tokens dropped (PyLate keeps every
+        token of a query)."""
+        colbert = self.spec.colbert
+        if colbert is None:
+            return list(run.values)
+        out = []
+        for value, enc, is_query in zip(run.values, run.encodings, queries, strict=True):
+            if not is_query:
+                keep = ~np.isin(np.asarray(enc.ids), colbert.skiplist_ids)
+                value = {**value, "colbert": value["colbert"][keep]}
+            out.append(value)
+        return out
 
     def _require_multi_vector(self) -> None:
         if not self.spec.has_multi_vector:
@@ -538,21 +607,25 @@ class Infer:
         direction: Truncation,
         weights: Sequence[float] | None,
     ) -> Result[list[tuple[int, float]]]:
+        if self.spec.m3 is None and weights is not None:
+            raise ValidationError("Input validation error: `weights` is for bge-m3 models only")
         mode = m3_weights(weights)
         if not texts:
             raise EmptyError("`texts` cannot be empty")
         self.check_batch(len(texts), "texts")
         everything = [query, *texts]
+        sides = [True] + [False] * len(texts)
         run = await self._run(
             len(everything),
-            lambda: self.tokenizers.encode(
-                everything, truncate=self._truncate(truncate), direction=direction
-            ),
+            lambda: self._encode_multi(everything, sides, truncate, direction),
             OutputKind.MULTI,
             "predict",
         )
-        q, *passages = run.values
-        scores = [postprocess.m3_scores(q, p, mode)["colbert+sparse+dense"] for p in passages]
+        q, *passages = self._kept_tokens(run, sides)
+        if self.spec.m3 is not None:
+            scores = [postprocess.m3_scores(q, p, mode)["colbert+sparse+dense"] for p in passages]
+        else:
+            scores = [postprocess.maxsim(q["colbert"], p["colbert"]) for p in passages]
         ranked = [(i, scores[i]) for i in postprocess.rerank_order(scores)]
         return self._result(ranked, run, self._chars(everything))
 
@@ -598,7 +671,7 @@ class Infer:
         if self._probe is None or self._probe.done():
             loop = asyncio.get_running_loop()
             probe = Encoding(ids=[0], type_ids=[0], position_offset=self.spec.position_offset)
-            entry = Entry(probe, OutputKind.POOLED, loop.create_future(), loop)
+            entry = Entry(probe, self.spec.probe_kind, loop.create_future(), loop)
             try:
                 self.queue.put([entry])
             except VectorpressError:

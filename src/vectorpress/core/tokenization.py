@@ -147,12 +147,17 @@ class TokenizerPool:
         truncate: bool,
         direction: Truncation = Truncation.RIGHT,
         prompt_name: str | None = None,
+        max_length: int | None = None,
     ) -> list[Encoding]:
-        """Encode single inputs (texts or token ids); all or nothing."""
+        """Encode single inputs (texts or token ids); all or nothing. `max_length` lowers the
+        model's limit for this call (a ColBERT query's length)."""
         prompt = self.resolve_prompt(prompt_name)
         items = list(inputs)
         size = _size(items, prompt)
-        return await self._call(size, self._encode_singles, items, truncate, direction, prompt)
+        limit = self.max_input_length if max_length is None else max_length
+        return await self._call(
+            size, self._encode_singles, items, truncate, direction, prompt, limit
+        )
 
     async def encode_pairs(
         self,
@@ -183,12 +188,19 @@ class TokenizerPool:
         )
 
     def _finish(
-        self, ids: list[int], type_ids: list[int], chars: int, truncate: bool, truncated: bool
+        self,
+        ids: list[int],
+        type_ids: list[int],
+        chars: int,
+        truncate: bool,
+        truncated: bool,
+        limit: int | None = None,
     ) -> Encoding:
-        if len(ids) > self.max_input_length:
+        limit = self.max_input_length if limit is None else limit
+        if len(ids) > limit:
             raise TokenLimitError(
-                f"Input validation error: `inputs` must have less than "
-                f"{self.max_input_length} tokens. Given: {len(ids)}"
+                f"Input validation error: `inputs` must have less than {limit} tokens. "
+                f"Given: {len(ids)}"
             )
         return Encoding(
             ids=ids,
@@ -199,8 +211,14 @@ class TokenizerPool:
         )
 
     def _encode_ids(
-        self, ids: list[int], truncate: bool, direction: Truncation, prompt: str | None
+        self,
+        ids: list[int],
+        truncate: bool,
+        direction: Truncation,
+        prompt: str | None,
+        limit: int | None = None,
     ) -> Encoding:
+        limit = self.max_input_length if limit is None else limit
         if not ids:
             raise EmptyError("Input validation error: `inputs` cannot be empty")
         bad = next((i for i in ids if not 0 <= i < self.vocab_size), None)
@@ -213,37 +231,44 @@ class TokenizerPool:
             # As TEI: with a prompt, ids are decoded, prompted, and encoded again.
             tok = self._tokenizer(None)
             text = prompt + tok.decode(ids, skip_special_tokens=True)
-            enc = self._encode_text(text, truncate, direction)
+            enc = self._encode_text(text, truncate, direction, limit)
             return Encoding(enc.ids, enc.type_ids, enc.position_offset, len(ids), enc.truncated)
         truncated = False
-        if len(ids) > self.max_input_length and truncate:
-            limit = self.max_input_length
+        if len(ids) > limit and truncate:
             ids = ids[:limit] if direction is Truncation.RIGHT else ids[-limit:]
             truncated = True
-        return self._finish(list(ids), [0] * len(ids), len(ids), truncate, truncated)
+        return self._finish(list(ids), [0] * len(ids), len(ids), truncate, truncated, limit)
 
-    def _encode_text(self, text: str, truncate: bool, direction: Truncation) -> Encoding:
+    def _encode_text(
+        self, text: str, truncate: bool, direction: Truncation, limit: int | None = None
+    ) -> Encoding:
+        limit = self.max_input_length if limit is None else limit
         chars = len(text)
         text = self._check_chars(text, truncate, self.max_chars)
-        tok = self._tokenizer((self.max_input_length, direction.value) if truncate else None)
+        tok = self._tokenizer((limit, direction.value) if truncate else None)
         try:
             enc = tok.encode(text, add_special_tokens=True)
         except Exception as exc:
             raise TokenizerError(f"tokenizer error: {exc}") from exc
         truncated = bool(enc.overflowing) or chars != len(text)
-        return self._finish(enc.ids, enc.type_ids, chars, truncate, truncated)
+        return self._finish(enc.ids, enc.type_ids, chars, truncate, truncated, limit)
 
     def _encode_singles(
-        self, inputs: list[TextInput], truncate: bool, direction: Truncation, prompt: str | None
+        self,
+        inputs: list[TextInput],
+        truncate: bool,
+        direction: Truncation,
+        prompt: str | None,
+        limit: int | None = None,
     ) -> list[Encoding]:
         out = []
         for item in inputs:
             if isinstance(item, str):
                 if not item:
                     raise EmptyError("Input validation error: `inputs` cannot be empty")
-                out.append(self._encode_text((prompt or "") + item, truncate, direction))
+                out.append(self._encode_text((prompt or "") + item, truncate, direction, limit))
             else:
-                out.append(self._encode_ids(item, truncate, direction, prompt))
+                out.append(self._encode_ids(item, truncate, direction, prompt, limit))
         return out
 
     def _encode_pairs(

@@ -225,6 +225,7 @@ def _halves(batch: Batch) -> tuple[Batch, Batch]:
             pooled_indices=tuple(i - lo for i in batch.pooled_indices if lo <= i < hi),
             raw_indices=tuple(i - lo for i in batch.raw_indices if lo <= i < hi),
             multi_indices=tuple(i - lo for i in batch.multi_indices if lo <= i < hi),
+            key_lengths=None if batch.key_lengths is None else batch.key_lengths[lo:hi],
         )
 
     return part(0, mid, 0, split), part(mid, batch.size, split, batch.total_tokens)

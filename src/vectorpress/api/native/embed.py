@@ -102,6 +102,7 @@ async def run_embed_multi(state: AppState, body: EmbedMultiRequest) -> tuple[Any
         sparse=body.sparse,
         colbert=body.colbert,
         normalize=body.normalize,
+        is_query=body.is_query,
         truncate=body.truncate,
         direction=to_truncation(body.truncation_direction),
         prompt_name=body.prompt_name,

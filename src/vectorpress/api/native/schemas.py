@@ -108,6 +108,8 @@ class EmbedMultiRequest(_Body):
     encoding_format: Literal["float", "base64"] = "float"
     """base64: each text's per-token vectors as one little-endian array, row after row."""
     dtype: Literal["float32", "float16"] = "float32"
+    is_query: StrictBool = True
+    """ColBERT: encode as queries (prefix, expansion to the query length) or documents."""
     truncate: StrictBool | None = None
     truncation_direction: Direction = "Right"
     prompt_name: StrictStr | None = None

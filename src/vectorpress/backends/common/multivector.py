@@ -7,6 +7,9 @@ per sequence under the `MultiOutput` keys.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -95,3 +98,13 @@ def m3_outputs(
         )
         done += n - 1
     return out
+
+
+def colbert_outputs(
+    project: Callable[[torch.Tensor], torch.Tensor], rows: torch.Tensor, lengths: list[int]
+) -> list[dict[str, np.ndarray]]:
+    """A ColBERT model's per-token vectors: every row projected, then normalized. Which rows a
+    caller keeps (a document's skip-list) is the pipeline's choice, on the token ids."""
+    vectors = F.normalize(project(rows).float(), dim=-1).cpu().numpy()
+    bounds = [0, *itertools.accumulate(lengths)]
+    return [{COLBERT: vectors[a:b]} for a, b in itertools.pairwise(bounds)]

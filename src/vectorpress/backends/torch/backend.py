@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from vectorpress.backends.common.multivector import load_m3_heads, m3_outputs
+from vectorpress.backends.common.multivector import colbert_outputs, load_m3_heads, m3_outputs
 from vectorpress.backends.torch.attention import PackedSequences, varlen_usable
 from vectorpress.backends.torch.heads import ClassificationHead, MLMHead, load_dense
 from vectorpress.backends.torch.int8 import (
@@ -178,6 +178,13 @@ class TorchBackend:
             if spec.m3 is not None
             else None
         )
+        self.colbert = (
+            nn.Sequential(*(load_dense(d) for d in spec.colbert.dense))
+            .eval()
+            .to(device=device, dtype=torch.float32)
+            if spec.colbert is not None
+            else None
+        )
         self._torch_dtype = torch_dtype
         self.passes = CpuPasses(INT8_PASS_TOKENS if int8 else CPU_PASS_TOKENS, plan)
         if int8:
@@ -196,8 +203,9 @@ class TorchBackend:
 
     def _encode(self, batch: Batch) -> tuple[torch.Tensor, PackedSequences]:
         dev = self.device
+        keys = None if batch.key_lengths is None else batch.key_lengths.tolist()
         seqs = PackedSequences(
-            torch.from_numpy(batch.cu_seqlens).to(dev), batch.max_seqlen, self.varlen
+            torch.from_numpy(batch.cu_seqlens).to(dev), batch.max_seqlen, self.varlen, keys
         )
         inputs = (
             torch.from_numpy(batch.input_ids).to(dev),
@@ -235,9 +243,11 @@ class TorchBackend:
         which = list(batch.multi_indices)
         if not which:
             return []
+        rows, lengths = rows_of(hidden, seqs, which)
+        if self.colbert is not None:
+            return colbert_outputs(self.colbert, rows.float(), lengths)
         if self.m3 is None:
             raise StartupError(f"{self.spec.architecture} has no multi-vector head")
-        rows, lengths = rows_of(hidden, seqs, which)
         cu = batch.cu_seqlens
         ids = np.concatenate([batch.input_ids[cu[i] : cu[i + 1]] for i in which])
         assert self.spec.m3 is not None

@@ -81,6 +81,33 @@ class ColbertSpec:
         return self.dense[-1].out_features
 
 
+#: Qwen3-Reranker's prompt, from its model card; the pair's text goes between prefix and suffix.
+QWEN3_RERANKER_PREFIX = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
+    'and the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n'
+    "<|im_start|>user\n"
+)
+QWEN3_RERANKER_TEMPLATE = "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}"
+QWEN3_RERANKER_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+QWEN3_RERANKER_INSTRUCTION = (
+    "Given a web search query, retrieve relevant passages that answer the query"
+)
+
+
+@dataclass(frozen=True)
+class LlmRerankSpec:
+    """A causal LM served as a reranker: each pair is written into a prompt, and its score is
+    read from the logits of the answer tokens at the last position (P(yes) over yes and no, or
+    one token's logit through a sigmoid)."""
+
+    prefix: str
+    template: str
+    suffix: str
+    instruction: str
+    yes_id: int
+    no_id: int | None
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """Everything the pipeline and the backends need to know about the model."""
@@ -106,6 +133,8 @@ class ModelSpec:
     """Set for a bge-m3 folder: sparse and ColBERT outputs from the same forward pass."""
     colbert: ColbertSpec | None = None
     """Set for a PyLate ColBERT folder: per-token vectors only."""
+    llm_rerank: LlmRerankSpec | None = None
+    """Set for a causal LM served as a reranker (see `is_llm_reranker`)."""
 
     @property
     def outputs(self) -> tuple[str, ...]:
@@ -360,6 +389,51 @@ def _colbert_spec(folder: Path, modules: list[dict[str, Any]], st: dict[str, Any
     )
 
 
+def is_llm_reranker(architecture: str, folder: Path, settings: ModelSettings) -> bool:
+    """The documented rule: a *ForCausalLM checkpoint is served as a reranker when
+    --llm-reranker says so, or, left unset, when its model id or folder name contains `rerank`
+    (Qwen3-Reranker-*, bge-reranker-v2-gemma); the setting wins either way."""
+    if settings.llm_reranker is not None:
+        if settings.llm_reranker and not architecture.endswith("ForCausalLM"):
+            raise StartupError(
+                f"--llm-reranker needs a *ForCausalLM model, this one is {architecture}"
+            )
+        return settings.llm_reranker
+    names = f"{settings.model_id} {folder.name}".lower()
+    return architecture.endswith("ForCausalLM") and "rerank" in names
+
+
+def _llm_rerank_spec(folder: Path, settings: ModelSettings) -> LlmRerankSpec:
+    from tokenizers import Tokenizer
+
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise StartupError(f"{folder} has no tokenizer.json (only fast tokenizers are served)")
+    tokenizer = Tokenizer.from_file(str(path))
+    answer = (settings.reranker_tokens or "yes,no").split(",")
+    ids = []
+    for token in answer:
+        found = tokenizer.token_to_id(token)
+        if found is None:
+            raise StartupError(
+                f"the LLM reranker's answer token {token!r} is not in the vocabulary"
+            )
+        ids.append(found)
+    template = settings.reranker_template or QWEN3_RERANKER_TEMPLATE
+    return LlmRerankSpec(
+        prefix=QWEN3_RERANKER_PREFIX
+        if settings.reranker_prefix is None
+        else settings.reranker_prefix,
+        template=template,
+        suffix=QWEN3_RERANKER_SUFFIX
+        if settings.reranker_suffix is None
+        else settings.reranker_suffix,
+        instruction=settings.reranker_instruction or QWEN3_RERANKER_INSTRUCTION,
+        yes_id=ids[0],
+        no_id=ids[1] if len(ids) == 2 else None,
+    )
+
+
 def load_model_spec(folder: Path, settings: ModelSettings) -> ModelSpec:
     """Read the model's description and check it against the settings."""
     config = _read_json(folder / "config.json")
@@ -369,10 +443,14 @@ def load_model_spec(folder: Path, settings: ModelSettings) -> ModelSpec:
 
     id2label_raw = config.get("id2label") or {}
     id2label = {int(k): str(v) for k, v in id2label_raw.items()}
+    llm_rerank = None
     if architecture.endswith("Classification"):
         if not id2label:
             raise StartupError(f"{architecture} needs id2label in config.json")
         kind = "reranker" if len(id2label) == 1 else "classifier"
+    elif is_llm_reranker(architecture, folder, settings):
+        llm_rerank = _llm_rerank_spec(folder, settings)
+        kind, id2label = "reranker", {0: "LABEL_0"}
     else:
         kind = "embedding"
 
@@ -480,4 +558,5 @@ def load_model_spec(folder: Path, settings: ModelSettings) -> ModelSpec:
         pad_token_id=int(config.get("pad_token_id") or 0),
         m3=m3,
         colbert=colbert,
+        llm_rerank=llm_rerank,
     )

@@ -199,9 +199,8 @@ def _zoo_config(arch: str, common: dict[str, object]):  # type: ignore[no-untype
             query_pre_attn_scalar=24,
             sliding_window=16,
             layer_types=["sliding_attention", "full_attention"],
-            use_bidirectional_attention=True,
+            **{"use_bidirectional_attention": True, **extra},
             **{**decoder, "num_hidden_layers": 2},
-            **extra,
         )
     if arch == "electra":
         return tf.ElectraConfig(embedding_size=16, **common)
@@ -215,6 +214,7 @@ _HEADS = {
     "classifier": "AutoModelForSequenceClassification",
     "reranker": "AutoModelForSequenceClassification",
     "mlm": "AutoModelForMaskedLM",
+    "causal_lm": "AutoModelForCausalLM",
 }
 
 
@@ -379,4 +379,37 @@ def make_colbert(
         "options": options,
     }
     run_reference("colbert_save", request)
+    return dest
+
+
+#: The chat tokens of Qwen3-Reranker's prompt, added to the borrowed tokenizer.
+CHAT_TOKENS = ("<|im_start|>", "<|im_end|>", "<think>", "</think>")
+
+
+def make_llm_reranker(dest: Path, arch: str = "qwen3", seed: int = 0, **config: object) -> Path:
+    """A tiny causal LM to serve as an LLM reranker (name `dest` so that it contains
+    `reranker`): the borrowed WordPiece tokenizer without its [CLS]/[SEP] template, as a
+    decoder's adds nothing, plus Qwen's chat tokens as added special tokens; `yes` and `no`
+    are in its vocabulary."""
+    vocab = 30522 + len(CHAT_TOKENS)
+    if arch == "gemma3_text":
+        config.setdefault("use_bidirectional_attention", False)
+    # Wider than the 0.02 default, so that the answer logits (and scores) differ between pairs.
+    config.setdefault("initializer_range", 0.1)
+    make_tiny(dest, arch, "causal_lm", seed=seed, vocab_size=vocab, **config)
+    data = json.loads((dest / "tokenizer.json").read_text())
+    data["post_processor"] = None
+    for i, token in enumerate(CHAT_TOKENS):
+        data["added_tokens"].append(
+            {
+                "id": 30522 + i,
+                "content": token,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+        )
+    (dest / "tokenizer.json").write_text(json.dumps(data))
     return dest

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from vectorpress.errors import (
     ValidationError,
     VectorpressError,
 )
-from vectorpress.model_spec import ColbertSpec, ModelSpec
+from vectorpress.model_spec import ColbertSpec, LlmRerankSpec, ModelSpec
 from vectorpress.observability import tracing
 from vectorpress.types import Encoding, Entry, MultiOutput, OutputKind, Timings, Truncation
 
@@ -53,6 +54,16 @@ class _Run:
     """Arrays, or for MULTI entries dicts of named arrays."""
     encodings: list[Encoding]
     timings: Timings
+
+
+_PLACEHOLDER = re.compile(r"\{(query|document|instruction)\}")
+
+
+def llm_prompt(llm: LlmRerankSpec, query: str, document: str) -> str:
+    """The pair's text in the template; in one pass, so that braces in the texts stay as
+    they are."""
+    values = {"query": query, "document": document, "instruction": llm.instruction}
+    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], llm.template)
 
 
 def colbert_encoding(enc: Encoding, colbert: ColbertSpec, is_query: bool) -> Encoding:
@@ -535,9 +546,7 @@ class Infer:
             self.check_batch(len(inputs))
             run = await self._run(
                 len(inputs),
-                lambda: self.tokenizers.encode_pairs(
-                    inputs, truncate=self._truncate(truncate), direction=direction
-                ),
+                lambda: self._encode_pairs(inputs, truncate, direction),
                 OutputKind.POOLED,
                 "predict",
                 wait_for_permits,
@@ -584,9 +593,7 @@ class Infer:
             pairs: list[PairInput] = [(query, t) for t in texts]
             run = await self._run(
                 len(texts),
-                lambda: self.tokenizers.encode_pairs(
-                    pairs, truncate=self._truncate(truncate), direction=direction
-                ),
+                lambda: self._encode_pairs(pairs, truncate, direction),
                 OutputKind.POOLED,
                 "predict",
                 wait_for_permits,
@@ -598,6 +605,27 @@ class Infer:
 
         # TEI counts every rerank as a batch request, whatever the number of texts.
         return await self._request(len(texts), call, "rerank", batch=True)
+
+    async def _encode_pairs(
+        self, inputs: Sequence[PairInput], truncate: bool | None, direction: Truncation
+    ) -> list[Encoding]:
+        """A cross-encoder's pair encodings, or an LLM reranker's prompts."""
+        llm = self.spec.llm_rerank
+        if llm is None:
+            return await self.tokenizers.encode_pairs(
+                inputs, truncate=self._truncate(truncate), direction=direction
+            )
+        texts = []
+        for item in inputs:
+            if isinstance(item, str):
+                raise ValidationError(
+                    "Input validation error: an LLM reranker scores (query, document) pairs; "
+                    "give two texts per input"
+                )
+            texts.append(llm_prompt(llm, item[0], item[1]))
+        return await self.tokenizers.encode_wrapped(
+            texts, prefix=llm.prefix, suffix=llm.suffix, truncate=self._truncate(truncate)
+        )
 
     async def _rerank_multi(
         self,

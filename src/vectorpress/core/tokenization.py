@@ -177,6 +177,41 @@ class TokenizerPool:
         size += len(prompt or "") * len(items)
         return await self._call(size, self._encode_pairs, items, truncate, direction, prompt)
 
+    async def encode_wrapped(
+        self, texts: Sequence[str], *, prefix: str, suffix: str, truncate: bool
+    ) -> list[Encoding]:
+        """Encode texts between a fixed prefix and suffix (an LLM reranker's prompt): those are
+        tokenized apart without special tokens, and truncation cuts the text only."""
+        items = list(texts)
+        size = sum(len(t) for t in items) + (len(prefix) + len(suffix)) * len(items)
+        return await self._call(size, self._encode_wrapped, items, prefix, suffix, truncate)
+
+    def _encode_wrapped(
+        self, texts: list[str], prefix: str, suffix: str, truncate: bool
+    ) -> list[Encoding]:
+        plain = self._tokenizer(None)
+        head = plain.encode(prefix, add_special_tokens=False).ids if prefix else []
+        tail = plain.encode(suffix, add_special_tokens=False).ids if suffix else []
+        room = self.max_input_length - len(head) - len(tail)
+        if room <= 0:
+            raise ValidationError(
+                f"Input validation error: the prompt alone takes {len(head) + len(tail)} of the "
+                f"model's {self.max_input_length} tokens"
+            )
+        out = []
+        for text in texts:
+            chars = len(text)
+            text = self._check_chars(text, truncate, self.max_chars)
+            tok = self._tokenizer((room, Truncation.RIGHT.value) if truncate else None)
+            try:
+                enc = tok.encode(text, add_special_tokens=True)
+            except Exception as exc:
+                raise TokenizerError(f"tokenizer error: {exc}") from exc
+            ids = [*head, *enc.ids, *tail]
+            truncated = bool(enc.overflowing) or chars != len(text)
+            out.append(self._finish(ids, [0] * len(ids), chars, truncate, truncated))
+        return out
+
     def _check_chars(self, text: str, truncate: bool, limit: int) -> str:
         if len(text) <= limit:
             return text

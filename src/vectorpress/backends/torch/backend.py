@@ -56,6 +56,12 @@ def build_head(spec: ModelSpec, arch: Architecture) -> tuple[nn.Module | None, H
     """The head the served task needs (none for dense embeddings), untrained, and its rules."""
     cfg = spec.config
     hidden = spec.hidden_size
+    if spec.llm_rerank is not None:
+        if cfg.get("final_logit_softcapping"):
+            raise StartupError("an LLM reranker with final logit softcapping is not supported")
+        # One output: the answer logits' difference (yes - no), or the one answer's logit.
+        head = ClassificationHead(hidden, 1, "identity", dense=False, out_bias=False)
+        return head, HeadRules(rules=(), dense=False, out_bias=False)
     if spec.kind in ("classifier", "reranker"):
         if arch.classifier is None:
             raise StartupError(f"{spec.architecture} has no classification head in vectorpress")
@@ -81,13 +87,36 @@ def _checkpoint(
     state = load_state_dict(spec.path)
     strip = tuple((f"^{re.escape(p)}", "") for p in arch.base_prefixes)
     state = remap(state, strip)
+    answer = _answer_weight(spec, state) if spec.llm_rerank is not None else None
     renames = list(rules.rules if rules else ())
     renames += [(pattern, None) for pattern in arch.ignore]
     state = remap(state, renames, default_prefix="encoder.")
     for key, source in rules.tied if rules else ():
         if key not in state and source in state:
             state[key] = state[source]
+    if answer is not None:
+        state["head.out_proj.weight"] = answer
     return state
+
+
+def _answer_weight(spec: ModelSpec, state: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The LLM reranker's one-row head: the LM head rows of the answer tokens, as yes - no.
+
+    softmax over (no, yes) at the last token is sigmoid(logit_yes - logit_no), and that
+    difference is one dot product with the difference of the two rows: the vocabulary
+    projection is never computed. The LM head is the input embeddings where they are tied.
+    """
+    llm = spec.llm_rerank
+    assert llm is not None
+    weight = state.get("lm_head.weight")
+    if weight is None:
+        weight = state.get("embed_tokens.weight")
+    if weight is None:
+        raise StartupError(f"{spec.path} has no lm_head.weight nor tied input embeddings")
+    row = weight[llm.yes_id].float()
+    if llm.no_id is not None:
+        row = row - weight[llm.no_id].float()
+    return row.unsqueeze(0)
 
 
 def build_model(spec: ModelSpec, arch: Architecture) -> ServedModel:
@@ -259,7 +288,10 @@ class TorchBackend:
         assert self.model.head is not None
         which = list(batch.pooled_indices)
         pad = self.spec.config.get("pad_token_id")
-        if self.classifier_pooling == "last_token" and pad is not None:
+        if self.spec.llm_rerank is not None:
+            # The answer comes after the prompt's very last token, whatever its id.
+            pooled = pool(hidden, seqs, "last_token", which)
+        elif self.classifier_pooling == "last_token" and pad is not None:
             pooled = hidden[last_non_pad_rows(batch.input_ids, seqs, which, int(pad))]
         else:
             pooled = pool(hidden, seqs, self.classifier_pooling, which)

@@ -16,13 +16,14 @@ from vectorpress.api.native.schemas import (
     predict_batch,
     to_truncation,
 )
-from vectorpress.api.state import AppState, get_state
+from vectorpress.api.routing import model_for
+from vectorpress.api.state import ModelState
 from vectorpress.core.infer import Result
 
 router = APIRouter(tags=["Text Embeddings Inference"])
 
 
-async def run_predict(state: AppState, body: PredictRequest) -> tuple[Any, Result[Any]]:
+async def run_predict(state: ModelState, body: PredictRequest) -> tuple[Any, Result[Any]]:
     inputs, is_batch = predict_batch(body.inputs)
     result = await state.infer.predict(
         inputs,
@@ -38,7 +39,7 @@ async def run_predict(state: AppState, body: PredictRequest) -> tuple[Any, Resul
     return (payload if is_batch else payload[0]), result
 
 
-async def run_rerank(state: AppState, body: RerankRequest) -> tuple[Any, Result[Any]]:
+async def run_rerank(state: ModelState, body: RerankRequest) -> tuple[Any, Result[Any]]:
     result = await state.infer.rerank(
         body.query,
         body.texts,
@@ -62,7 +63,7 @@ async def run_rerank(state: AppState, body: RerankRequest) -> tuple[Any, Result[
     "(sigmoid for one label, softmax otherwise)",
 )
 async def predict(body: PredictRequest, request: Request) -> Response:
-    payload, result = await run_predict(get_state(request), body)
+    payload, result = await run_predict(model_for(request, body.model), body)
     return json_response(payload, timing_headers(result))
 
 
@@ -70,5 +71,5 @@ async def predict(body: PredictRequest, request: Request) -> Response:
     "/rerank", summary="Score (query, text) pairs with a cross-encoder; best first, ties by index"
 )
 async def rerank(body: RerankRequest, request: Request) -> Response:
-    payload, result = await run_rerank(get_state(request), body)
+    payload, result = await run_rerank(model_for(request, body.model), body)
     return json_response(payload, timing_headers(result))

@@ -20,14 +20,15 @@ from vectorpress.api.native.schemas import (
     as_batch,
     to_truncation,
 )
-from vectorpress.api.state import AppState, get_state
+from vectorpress.api.routing import model_for
+from vectorpress.api.state import ModelState
 from vectorpress.core.infer import Result
 from vectorpress.types import MultiOutput
 
 router = APIRouter(tags=["Text Embeddings Inference"])
 
 
-async def run_embed(state: AppState, body: EmbedRequest) -> tuple[Any, Result[Any]]:
+async def run_embed(state: ModelState, body: EmbedRequest) -> tuple[Any, Result[Any]]:
     inputs, is_batch = as_batch(body.inputs)
     result = await state.infer.embed(
         inputs,
@@ -41,7 +42,7 @@ async def run_embed(state: AppState, body: EmbedRequest) -> tuple[Any, Result[An
     return result.values, result
 
 
-async def run_embed_all(state: AppState, body: EmbedAllRequest) -> tuple[Any, Result[Any]]:
+async def run_embed_all(state: ModelState, body: EmbedAllRequest) -> tuple[Any, Result[Any]]:
     inputs, is_batch = as_batch(body.inputs)
     result = await state.infer.embed_all(
         inputs,
@@ -53,7 +54,7 @@ async def run_embed_all(state: AppState, body: EmbedAllRequest) -> tuple[Any, Re
     return result.values, result
 
 
-async def run_embed_sparse(state: AppState, body: EmbedSparseRequest) -> tuple[Any, Result[Any]]:
+async def run_embed_sparse(state: ModelState, body: EmbedSparseRequest) -> tuple[Any, Result[Any]]:
     inputs, is_batch = as_batch(body.inputs)
     result = await state.infer.embed_sparse(
         inputs,
@@ -93,7 +94,7 @@ def multi_payload(out: MultiOutput, body: EmbedMultiRequest) -> dict[str, Any]:
     return item
 
 
-async def run_embed_multi(state: AppState, body: EmbedMultiRequest) -> tuple[Any, Result[Any]]:
+async def run_embed_multi(state: ModelState, body: EmbedMultiRequest) -> tuple[Any, Result[Any]]:
     inputs, is_batch = as_batch(body.inputs)
     result = await state.infer.embed_multi(
         inputs,
@@ -110,7 +111,7 @@ async def run_embed_multi(state: AppState, body: EmbedMultiRequest) -> tuple[Any
     return [multi_payload(v, body) for v in result.values], result
 
 
-async def run_similarity(state: AppState, body: SimilarityRequest) -> tuple[Any, Result[Any]]:
+async def run_similarity(state: ModelState, body: SimilarityRequest) -> tuple[Any, Result[Any]]:
     params = body.parameters
     result = await state.infer.similarity(
         body.inputs.source_sentence,
@@ -124,19 +125,19 @@ async def run_similarity(state: AppState, body: SimilarityRequest) -> tuple[Any,
 
 @router.post("/embed", summary="Pooled embeddings, one vector per input (normalized by default)")
 async def embed(body: EmbedRequest, request: Request) -> Response:
-    payload, result = await run_embed(get_state(request), body)
+    payload, result = await run_embed(model_for(request, body.model), body)
     return json_response(payload, timing_headers(result))
 
 
 @router.post("/embed_all", summary="The last hidden state of every token of every input")
 async def embed_all(body: EmbedAllRequest, request: Request) -> Response:
-    payload, result = await run_embed_all(get_state(request), body)
+    payload, result = await run_embed_all(model_for(request, body.model), body)
     return json_response(payload, timing_headers(result))
 
 
 @router.post("/embed_sparse", summary="SPLADE sparse embeddings: the non-zero (index, value)s")
 async def embed_sparse(body: EmbedSparseRequest, request: Request) -> Response:
-    payload, result = await run_embed_sparse(get_state(request), body)
+    payload, result = await run_embed_sparse(model_for(request, body.model), body)
     return json_response(payload, timing_headers(result))
 
 
@@ -146,11 +147,11 @@ async def embed_sparse(body: EmbedSparseRequest, request: Request) -> Response:
     "dense, sparse and ColBERT outputs from one forward pass",
 )
 async def embed_multi(body: EmbedMultiRequest, request: Request) -> Response:
-    payload, result = await run_embed_multi(get_state(request), body)
+    payload, result = await run_embed_multi(model_for(request, body.model), body)
     return json_response(payload, timing_headers(result))
 
 
 @router.post("/similarity", summary="Cosine similarity of each sentence with a source sentence")
 async def similarity(body: SimilarityRequest, request: Request) -> Response:
-    payload, result = await run_similarity(get_state(request), body)
+    payload, result = await run_similarity(model_for(request, body.model), body)
     return json_response(payload, timing_headers(result))

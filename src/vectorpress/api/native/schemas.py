@@ -62,6 +62,9 @@ def predict_batch(inputs: PredictInput) -> tuple[list[PairInput], bool]:
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
+    model: StrictStr | None = None
+    """Which served model answers (its name or an alias); the default model when absent."""
+
 
 def _example(example: dict[str, Any]) -> ConfigDict:
     """Unknown fields ignored, and an example request for /docs."""

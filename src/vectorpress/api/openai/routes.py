@@ -14,7 +14,8 @@ from vectorpress.api.headers import timing_headers
 from vectorpress.api.native.common import json_response
 from vectorpress.api.native.schemas import as_batch
 from vectorpress.api.openai.schemas import EmbeddingsRequest
-from vectorpress.api.state import AppState, get_state
+from vectorpress.api.routing import model_for
+from vectorpress.api.state import ModelState
 from vectorpress.core.infer import Result
 
 log = logging.getLogger(__name__)
@@ -27,9 +28,9 @@ def _b64(vector: np.ndarray) -> str:
     return base64.b64encode(vector.astype("<f4", copy=False).tobytes()).decode("ascii")
 
 
-async def run_embeddings(state: AppState, body: EmbeddingsRequest) -> tuple[Any, Result[Any]]:
-    name = state.settings.model_name
-    if body.model is not None and body.model != name:
+async def run_embeddings(state: ModelState, body: EmbeddingsRequest) -> tuple[Any, Result[Any]]:
+    name = state.name
+    if body.model is not None and body.model not in state.names:
         log.warning("request asks for model %r; serving %r", body.model, name)
     inputs, is_batch = as_batch(body.input)
     # No per-request truncation here: OpenAI's API has none, so --auto-truncate decides.
@@ -48,7 +49,7 @@ async def run_embeddings(state: AppState, body: EmbeddingsRequest) -> tuple[Any,
 
 
 async def embeddings(body: EmbeddingsRequest, request: Request) -> Response:
-    payload, result = await run_embeddings(get_state(request), body)
+    payload, result = await run_embeddings(model_for(request, body.model), body)
     return json_response(payload, timing_headers(result))
 
 

@@ -34,7 +34,7 @@ class M3Heads(nn.Module):
 
 
 def load_m3_heads(spec: M3Spec, hidden: int) -> M3Heads:
-    from vectorpress.backends.torch.loader import strict_load
+    from vectorpress.backends.common.loader import strict_load
 
     heads = M3Heads(hidden, spec.colbert_dim)
     state = {}

@@ -120,6 +120,14 @@ _FLAGS: list[tuple[str, str, Callable[[str], Any] | type[bool] | None, Any, str]
     ("--default-prompt", "DEFAULT_PROMPT", None, None, "Prompt text applied by default"),
     ("--dense-path", "DENSE_PATH", None, None, "Dense module folder to use"),
     (
+        "--windowed-inputs",
+        "WINDOWED_INPUTS",
+        bool,
+        False,
+        "Embed inputs longer than the model's window as pooled overlapping windows",
+    ),
+    ("--window-overlap", "WINDOW_OVERLAP", _int, 0, "Tokens shared by consecutive windows"),
+    (
         "--llm-reranker",
         "LLM_RERANKER",
         bool,

@@ -126,6 +126,8 @@ def build_pipeline(
         max_concurrent_requests=server.max_concurrent_requests,
         max_client_batch_size=settings.max_client_batch_size,
         auto_truncate=settings.auto_truncate,
+        windowed=settings.windowed_inputs,
+        window_overlap=settings.window_overlap,
         metrics=metrics,
     )
 

@@ -138,6 +138,11 @@ class ModelSettings:
     task: str | None = None
     """TASK (environment only, as TEI): `sentence-similarity` makes POST / and /invocations
     answer as /similarity for embedding models."""
+    windowed_inputs: bool = False
+    """Default of a request's `windowed`: an input longer than the model's window is embedded
+    as overlapping windows whose vectors are pooled (token-weighted mean), not truncated."""
+    window_overlap: int = 0
+    """Tokens each window shares with the one before it."""
     llm_reranker: bool | None = None
     """Serve a *ForCausalLM checkpoint as a reranker scored by its answer tokens' logits; by
     default one is when its model id or folder name contains `rerank` (Qwen3-Reranker)."""
@@ -187,6 +192,8 @@ class ModelSettings:
             raise StartupError(
                 f"{where}--default-prompt and --default-prompt-name cannot both be set"
             )
+        if self.window_overlap < 0:
+            raise StartupError(f"{where}--window-overlap must be >= 0, got {self.window_overlap}")
         template = self.reranker_template
         if template is not None and ("{query}" not in template or "{document}" not in template):
             raise StartupError(

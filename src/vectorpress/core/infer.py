@@ -56,6 +56,21 @@ class _Run:
     timings: Timings
 
 
+def window_means(
+    vectors: list[np.ndarray], lengths: list[int], spans: list[int]
+) -> list[np.ndarray]:
+    """One vector per input from its windows' (`spans[i]` consecutive vectors): their mean
+    weighted by each window's token count."""
+    out = []
+    start = 0
+    for span in spans:
+        rows = np.stack(vectors[start : start + span]).astype(np.float64)
+        weights = np.asarray(lengths[start : start + span], dtype=np.float64)
+        out.append((weights @ rows / weights.sum()).astype(np.float32))
+        start += span
+    return out
+
+
 _PLACEHOLDER = re.compile(r"\{(query|document|instruction)\}")
 
 
@@ -109,6 +124,8 @@ class Infer:
         max_concurrent_requests: int,
         max_client_batch_size: int,
         auto_truncate: bool,
+        windowed: bool = False,
+        window_overlap: int = 0,
         metrics: Metrics | None = None,
     ) -> None:
         self.spec = spec
@@ -118,6 +135,8 @@ class Infer:
         self.admission = Admission(max_concurrent_requests)
         self.max_client_batch_size = max_client_batch_size
         self.auto_truncate = auto_truncate
+        self.windowed = windowed
+        self.window_overlap = window_overlap
         self.metrics = metrics or Metrics(spec.max_input_length)
         self.metrics.gauge_callback("te_queue_size", lambda: len(queue))
         self.tracer: Tracer | None = None
@@ -284,8 +303,16 @@ class Infer:
         dimensions: int | None = None,
         wait_for_permits: bool = False,
         batch: bool | None = None,
+        windowed: bool | None = None,
+        window_overlap: int | None = None,
     ) -> Result[list[np.ndarray]]:
-        """Pooled vectors (Dense applied), then Matryoshka truncation, then normalization."""
+        """Pooled vectors (Dense applied), then Matryoshka truncation, then normalization.
+
+        `windowed` (the server's default when None): a text longer than the model's window is
+        cut into windows sharing `window_overlap` tokens, each embedded as an input of its own
+        in the same batches, and its vector is the token-weighted mean of theirs (vLLM's
+        chunked processing); usage counts every window's tokens.
+        """
 
         async def call() -> Result[list[np.ndarray]]:
             self._require_embedding()
@@ -297,20 +324,34 @@ class Infer:
             if self.spec.is_splade and normalize:
                 raise BackendError("Backend error: `normalize` is not available for SPLADE models")
             self._check_dimensions(dimensions)
-            run = await self._run(
-                len(inputs),
-                lambda: self.tokenizers.encode(
-                    inputs,
-                    truncate=self._truncate(truncate),
-                    direction=direction,
-                    prompt_name=prompt_name,
-                ),
-                OutputKind.POOLED,
-                "embed",
-                wait_for_permits,
-            )
+            spans: list[int] = []
+            use_windows = self.windowed if windowed is None else windowed
+
+            async def encode() -> list[Encoding]:
+                if not use_windows:
+                    return await self.tokenizers.encode(
+                        inputs,
+                        truncate=self._truncate(truncate),
+                        direction=direction,
+                        prompt_name=prompt_name,
+                    )
+                if any(not isinstance(i, str) for i in inputs):
+                    raise ValidationError(
+                        "Input validation error: `windowed` inputs must be texts, not token ids"
+                    )
+                overlap = self.window_overlap if window_overlap is None else window_overlap
+                windows = await self.tokenizers.encode_windows(
+                    [str(i) for i in inputs], overlap=overlap, prompt_name=prompt_name
+                )
+                spans.extend(len(w) for w in windows)
+                return [e for w in windows for e in w]
+
+            run = await self._run(len(inputs), encode, OutputKind.POOLED, "embed", wait_for_permits)
+            values = run.values
+            if spans:
+                values = window_means(values, [len(e) for e in run.encodings], spans)
             vectors = []
-            for v in run.values:
+            for v in values:
                 v = postprocess.matryoshka(v, dimensions)
                 vectors.append(postprocess.l2_normalize(v) if normalize else v)
             return self._result(vectors, run, self._chars(inputs))

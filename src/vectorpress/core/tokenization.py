@@ -177,6 +177,44 @@ class TokenizerPool:
         size += len(prompt or "") * len(items)
         return await self._call(size, self._encode_pairs, items, truncate, direction, prompt)
 
+    async def encode_windows(
+        self, inputs: Sequence[str], *, overlap: int, prompt_name: str | None = None
+    ) -> list[list[Encoding]]:
+        """Each text whole, as windows of the model's length that share `overlap` tokens, each
+        with its own special tokens (the tokenizer's overflowing encodings)."""
+        if not 0 <= overlap < self.max_input_length // 2:
+            raise ValidationError(
+                f"Input validation error: `window_overlap` must be between 0 and "
+                f"{self.max_input_length // 2 - 1}, got {overlap}"
+            )
+        prompt = self.resolve_prompt(prompt_name)
+        items = list(inputs)
+        size = _size(items, prompt)
+        return await self._call(size, self._encode_windows, items, overlap, prompt)
+
+    def _encode_windows(
+        self, texts: list[str], overlap: int, prompt: str | None
+    ) -> list[list[Encoding]]:
+        # A tokenizer of its own: the stride is not part of the pooled tokenizers' state.
+        tok = self._new_tokenizer()
+        tok.enable_truncation(self.max_input_length, stride=overlap)
+        out = []
+        for text in texts:
+            if not text:
+                raise EmptyError("Input validation error: `inputs` cannot be empty")
+            try:
+                enc = tok.encode((prompt or "") + text, add_special_tokens=True)
+            except Exception as exc:
+                raise TokenizerError(f"tokenizer error: {exc}") from exc
+            windows = [enc, *enc.overflowing]
+            out.append(
+                [
+                    Encoding(w.ids, w.type_ids, self.position_offset, len(text) if i == 0 else 0)
+                    for i, w in enumerate(windows)
+                ]
+            )
+        return out
+
     async def encode_wrapped(
         self, texts: Sequence[str], *, prefix: str, suffix: str, truncate: bool
     ) -> list[Encoding]:

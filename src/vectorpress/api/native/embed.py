@@ -38,6 +38,8 @@ async def run_embed(state: ModelState, body: EmbedRequest) -> tuple[Any, Result[
         prompt_name=body.prompt_name,
         normalize=body.normalize,
         dimensions=body.dimensions,
+        windowed=body.windowed,
+        window_overlap=body.window_overlap,
     )
     return result.values, result
 

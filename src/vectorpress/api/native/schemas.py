@@ -82,6 +82,11 @@ class EmbedRequest(_Body):
     prompt_name: StrictStr | None = None
     normalize: StrictBool = True
     dimensions: StrictInt | None = None
+    windowed: StrictBool | None = None
+    """Embed a text longer than the model's window as pooled overlapping windows (the
+    server's --windowed-inputs when omitted)."""
+    window_overlap: StrictInt | None = None
+    """Tokens consecutive windows share (the server's --window-overlap when omitted)."""
 
 
 class EmbedAllRequest(_Body):

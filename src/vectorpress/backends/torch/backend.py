@@ -10,11 +10,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from vectorpress.backends.common.multivector import colbert_outputs, load_m3_heads, m3_outputs
 from vectorpress.backends.common.calibration import calibration_batch
 from vectorpress.backends.common.dense import load_dense
 from vectorpress.backends.common.device import pick_device
 from vectorpress.backends.common.loader import load_state_dict, remap, strict_load
+from vectorpress.backends.common.multivector import colbert_outputs, load_m3_heads, m3_outputs
 from vectorpress.backends.common.pooling import (
     last_non_pad_rows,
     pool,

@@ -92,3 +92,51 @@ def test_server_default_and_usage(tiny: Callable[..., Path]) -> None:
         assert r.status_code == 200, r.text
         tokens = sum(len(w) for w in windows(folder, text, 8))
         assert r.json()["usage"]["prompt_tokens"] == tokens
+
+
+def pair_windows(
+    folder: Path, query: str, text: str, overlap: int, max_length: int
+) -> list[list[int]]:
+    """[CLS] query [SEP] window [SEP] for each window of the text."""
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.no_truncation()
+    q = tok.encode(query, add_special_tokens=False).ids
+    d = tok.encode(text, add_special_tokens=False).ids
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    width = max_length - len(q) - 3
+    out, start = [], 0
+    while True:
+        part = d[start : start + width]
+        out.append([cls, *q, sep, *part, sep])
+        if start + width >= len(d):
+            return out
+        start += width - overlap
+
+
+def test_long_documents_rerank_by_their_best_window(tiny: Callable[..., Path]) -> None:
+    from sentence_transformers import CrossEncoder
+
+    # Drawn wide, so that windows of one text score apart; ModernBERT reads no token types.
+    folder = tiny("modernbert", "reranker", initializer_range=0.3)
+    query = "how do I open a file and read its lines?"
+    texts = [" ".join(mixed_texts(16, seed=s)) for s in range(3, 8)] + ["Open it with open()."]
+    model = CrossEncoder(str(folder), device="cpu")
+    want, later = [], 0
+    for text in texts:
+        scores = []
+        parts = pair_windows(folder, query, text, 32, 512)
+        assert len(parts) >= 2 or text == texts[-1]
+        for ids in parts:
+            with torch.inference_mode():
+                logit = model.model(input_ids=torch.tensor([ids])).logits[0, 0]
+            scores.append(float(torch.sigmoid(logit)))
+        want.append(max(scores))
+        later += max(scores) > scores[0] + 1e-3
+    assert later, "no text has its best window after the first: the test could not fail"
+    with LiveServer(Settings.single(str(folder))) as srv:
+        body = {"query": query, "texts": texts, "windowed": True, "window_overlap": 32}
+        r = httpx.post(f"{srv.url}/rerank", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        got = {h["index"]: h["score"] for h in r.json()}
+        for i, score in enumerate(want):
+            assert abs(got[i] - score) <= 1e-4, f"text {i}: {got[i]} != {score}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -618,12 +619,18 @@ class Infer:
         raw_scores: bool = False,
         wait_for_permits: bool = False,
         weights: Sequence[float] | None = None,
+        windowed: bool | None = None,
+        window_overlap: int | None = None,
     ) -> Result[list[tuple[int, float]]]:
         """(index, score) of each text, best first; ties put the higher index first.
 
         A cross-encoder scores each pair; a bge-m3 model encodes the query and the texts once
         each and scores them by FlagEmbedding's weighted mean of its dense, sparse and ColBERT
         scores (`weights`, in that order; its defaults otherwise).
+
+        `windowed` (a cross-encoder; the server's default when None): a text too long for the
+        model's window with the query is scored window by window, and its score is the best
+        window's (Cohere's max over chunks).
         """
 
         async def call() -> Result[list[tuple[int, float]]]:
@@ -637,14 +644,24 @@ class Infer:
                 raise EmptyError("`texts` cannot be empty")
             self.check_batch(len(texts), "texts")
             pairs: list[PairInput] = [(query, t) for t in texts]
+            spans: list[int] = []
+            use_windows = self.windowed if windowed is None else windowed
+
+            async def encode() -> list[Encoding]:
+                if not use_windows or self.spec.llm_rerank is not None:
+                    return await self._encode_pairs(pairs, truncate, direction)
+                overlap = self.window_overlap if window_overlap is None else window_overlap
+                windows = await self.tokenizers.encode_pair_windows(query, texts, overlap=overlap)
+                spans.extend(len(w) for w in windows)
+                return [e for w in windows for e in w]
+
             run = await self._run(
-                len(texts),
-                lambda: self._encode_pairs(pairs, truncate, direction),
-                OutputKind.POOLED,
-                "predict",
-                wait_for_permits,
+                len(texts), encode, OutputKind.POOLED, "predict", wait_for_permits
             )
             scores = [float(postprocess.class_scores(v, raw_scores)[0]) for v in run.values]
+            if spans:
+                bounds = [0, *itertools.accumulate(spans)]
+                scores = [max(scores[a:b]) for a, b in itertools.pairwise(bounds)]
             ranked = [(i, scores[i]) for i in postprocess.rerank_order(scores)]
             chars = len(query) * len(texts) + sum(len(t) for t in texts)
             return self._result(ranked, run, chars)

@@ -215,6 +215,43 @@ class TokenizerPool:
             )
         return out
 
+    async def encode_pair_windows(
+        self, query: str, texts: Sequence[str], *, overlap: int
+    ) -> list[list[Encoding]]:
+        """(query, text) pairs whole, each text cut into windows that share `overlap` tokens,
+        every window with the whole query (the tokenizer's overflowing encodings)."""
+        if not 0 <= overlap < self.max_input_length // 2:
+            raise ValidationError(
+                f"Input validation error: `window_overlap` must be between 0 and "
+                f"{self.max_input_length // 2 - 1}, got {overlap}"
+            )
+        items = list(texts)
+        size = sum(len(t) for t in items) + len(query) * len(items)
+        return await self._call(size, self._encode_pair_windows, query, items, overlap)
+
+    def _encode_pair_windows(
+        self, query: str, texts: list[str], overlap: int
+    ) -> list[list[Encoding]]:
+        tok = self._new_tokenizer()
+        tok.enable_truncation(self.max_input_length, stride=overlap, strategy="only_second")
+        out = []
+        for text in texts:
+            if not query and not text:
+                raise EmptyError("Input validation error: `inputs` cannot be empty")
+            try:
+                enc = tok.encode(query, text, add_special_tokens=True)
+            except Exception as exc:
+                raise TokenizerError(f"tokenizer error: {exc}") from exc
+            windows = [enc, *enc.overflowing]
+            chars = len(query) + len(text)
+            out.append(
+                [
+                    Encoding(w.ids, w.type_ids, self.position_offset, chars if i == 0 else 0)
+                    for i, w in enumerate(windows)
+                ]
+            )
+        return out
+
     async def encode_wrapped(
         self, texts: Sequence[str], *, prefix: str, suffix: str, truncate: bool
     ) -> list[Encoding]:

@@ -47,6 +47,8 @@ async def run_rerank(state: ModelState, body: RerankRequest) -> tuple[Any, Resul
         direction=to_truncation(body.truncation_direction),
         raw_scores=body.raw_scores,
         weights=body.weights,
+        windowed=body.windowed,
+        window_overlap=body.window_overlap,
     )
     if body.return_text:
         payload = [

@@ -176,6 +176,9 @@ class RerankRequest(_Body):
     return_text: StrictBool = False
     weights: list[float] | None = None
     """bge-m3 only: the weights of its dense, sparse and ColBERT scores."""
+    windowed: StrictBool | None = None
+    """Cross-encoders: score a text too long for the window by its best window."""
+    window_overlap: StrictInt | None = None
 
 
 class TokenizeRequest(_Body):

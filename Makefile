@@ -18,12 +18,14 @@ REF_NODEPS := FlagEmbedding==1.4.2 pylate==1.6.0
 HOST ?= 0.0.0.0
 PORT ?= 8080
 
-# Python stubs of TEI's gRPC API, generated from proto/tei.proto (gitignored).
+# Python stubs of TEI's gRPC API, generated from the packaged proto (gitignored). The editable
+# install makes them too (setup.py); this rule remakes them with the venv's grpcio-tools.
+PROTO := src/vectorpress/api/grpc/tei.proto
 STUBS := src/vectorpress/api/grpc/_generated/tei_pb2.py
 
-.PHONY: serve test lint format install dev clean proto reference
+.PHONY: serve test lint format install dev clean proto reference chromium
 
-$(VENV)/.installed: pyproject.toml Makefile
+$(VENV)/.installed: pyproject.toml setup.py Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(TORCH)
@@ -49,7 +51,7 @@ $(REF_VENV)/.installed: Makefile
 
 reference: $(REF_VENV)/.installed
 
-$(STUBS): proto/tei.proto $(VENV)/.installed
+$(STUBS): $(PROTO) $(VENV)/.installed
 	$(BIN)/python -m vectorpress.api.grpc.codegen
 
 proto: $(VENV)/.installed
@@ -69,7 +71,12 @@ format: $(VENV)/.dev
 	$(BIN)/ruff format src tests bench
 	$(BIN)/ruff check --fix src tests bench
 
-test: $(VENV)/.dev $(STUBS) $(REF_VENV)/.installed
+# /docs is tested in a real headless Chromium: Debian's browser and driver, installed when missing.
+chromium:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
+
+test: $(VENV)/.dev $(STUBS) chromium $(REF_VENV)/.installed
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(BIN)/python -m pytest

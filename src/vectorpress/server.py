@@ -14,12 +14,14 @@ from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import uvicorn
 
 from vectorpress.api.state import AppState, ModelState
 from vectorpress.backends.base import Backend
 from vectorpress.backends.select import select_backend
+from vectorpress.core.calibration import Calibration
 from vectorpress.core.infer import Infer
 from vectorpress.core.metrics import Metrics, Registry
 from vectorpress.core.models import Models
@@ -132,6 +134,17 @@ def build_pipeline(
     )
 
 
+def calibrate(backend: Backend, spec: ModelSpec) -> Calibration | None:
+    """Pooled vectors of the packaged calibration texts, for int8/uint8 embedding outputs
+    (api/encodings.py); dense embedding models only."""
+    if spec.kind != "embedding" or spec.is_splade:
+        return None
+    from vectorpress.backends.common.calibration import calibration_batch
+
+    pooled = backend.embed(calibration_batch(spec)).pooled
+    return None if pooled is None else Calibration(np.asarray(pooled, dtype=np.float32))
+
+
 def warm_up(backend: Backend, spec: ModelSpec, settings: ModelSettings) -> None:
     """A 1-token forward (health), then one input of the max length, before the socket opens.
 
@@ -208,6 +221,7 @@ def _load_one(
         try:
             backend = thread.call(lambda: make_backend(spec, settings))
             thread.call(lambda: warm_up(backend, spec, settings))
+            calibration = thread.call(lambda: calibrate(backend, spec))
         except BaseException:
             thread.close()
             raise
@@ -223,6 +237,7 @@ def _load_one(
         raise StartupError(f"model {name} ({settings.model_id}) failed to load: {first}") from None
     metrics = Metrics(spec.max_input_length, name, registry)
     infer = build_pipeline(server, settings, spec, backend, metrics, thread=thread)
+    infer.calibration = calibration
     if tracing is not None:
         infer.tracer = tracing.tracer
     state = ModelState(infer, settings, server, backend.name, backend.dtype, backend.device)

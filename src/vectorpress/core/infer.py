@@ -14,6 +14,7 @@ import numpy as np
 
 from vectorpress.core import postprocess
 from vectorpress.core.admission import Admission
+from vectorpress.core.calibration import Calibration
 from vectorpress.core.metrics import Metrics
 from vectorpress.core.queue import BatchingQueue
 from vectorpress.core.tokenization import PairInput, TextInput, Token, TokenizerPool
@@ -143,6 +144,8 @@ class Infer:
         self.tracer: Tracer | None = None
         """Set when --otlp-endpoint is given; None means no span is ever created."""
         self._probe: asyncio.Future[np.ndarray] | None = None
+        self.calibration: Calibration | None = None
+        """Ranges for int8/uint8 embeddings, set at start-up for dense embedding models."""
 
     @property
     def name(self) -> str:

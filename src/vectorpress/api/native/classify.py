@@ -1,4 +1,4 @@
-"""/predict and /rerank."""
+"""/predict and /rerank (the latter routed by api/clash.py)."""
 
 from __future__ import annotations
 
@@ -69,9 +69,7 @@ async def predict(body: PredictRequest, request: Request) -> Response:
     return json_response(payload, timing_headers(result))
 
 
-@router.post(
-    "/rerank", summary="Score (query, text) pairs with a cross-encoder; best first, ties by index"
-)
+# Served on /rerank through api/clash.py, which shares the path with Infinity's body.
 async def rerank(body: RerankRequest, request: Request) -> Response:
     payload, result = await run_rerank(model_for(request, body.model), body)
     return json_response(payload, timing_headers(result))

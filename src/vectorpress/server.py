@@ -33,7 +33,7 @@ from vectorpress.hub import resolve_model
 from vectorpress.model_spec import ModelSpec, load_model_spec
 from vectorpress.observability.tracing import Tracing
 from vectorpress.settings import ModelSettings, ServerSettings, Settings
-from vectorpress.types import Batch, Encoding, OutputKind
+from vectorpress.types import Batch, Encoding
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +128,8 @@ def build_pipeline(
         max_concurrent_requests=server.max_concurrent_requests,
         max_client_batch_size=settings.max_client_batch_size,
         auto_truncate=settings.auto_truncate,
+        windowed=settings.windowed_inputs,
+        window_overlap=settings.window_overlap,
         metrics=metrics,
     )
 
@@ -135,7 +137,7 @@ def build_pipeline(
 def calibrate(backend: Backend, spec: ModelSpec) -> Calibration | None:
     """Pooled vectors of the packaged calibration texts, for int8/uint8 embedding outputs
     (api/encodings.py); dense embedding models only."""
-    if spec.kind != "embedding" or spec.is_splade:
+    if spec.kind != "embedding" or spec.is_splade or "dense" not in spec.outputs:
         return None
     from vectorpress.backends.common.calibration import calibration_batch
 
@@ -155,14 +157,14 @@ def warm_up(backend: Backend, spec: ModelSpec, settings: ModelSettings) -> None:
     def enc(n: int) -> Encoding:
         return Encoding(ids=[0] * n, type_ids=[0] * n, position_offset=offset)
 
-    run(Batch.from_encodings([enc(1)]))
+    run(Batch.from_encodings([enc(1)], [spec.probe_kind]))
     if backend.device.startswith("cuda"):
         n = max(1, settings.max_batch_tokens // spec.max_input_length)
         if settings.max_batch_requests:
             n = min(n, settings.max_batch_requests)
-        run(Batch.from_encodings([enc(spec.max_input_length)] * n))
+        run(Batch.from_encodings([enc(spec.max_input_length)] * n, [spec.probe_kind] * n))
     else:
-        run(Batch.from_encodings([enc(spec.max_input_length)], [OutputKind.POOLED]))
+        run(Batch.from_encodings([enc(spec.max_input_length)], [spec.probe_kind]))
 
 
 BackendFactory = Callable[[ModelSpec, ModelSettings], Backend]

@@ -138,6 +138,25 @@ class ModelSettings:
     task: str | None = None
     """TASK (environment only, as TEI): `sentence-similarity` makes POST / and /invocations
     answer as /similarity for embedding models."""
+    windowed_inputs: bool = False
+    """Default of a request's `windowed`: an input longer than the model's window is embedded
+    as overlapping windows whose vectors are pooled (token-weighted mean), not truncated."""
+    window_overlap: int = 0
+    """Tokens each window shares with the one before it."""
+    llm_reranker: bool | None = None
+    """Serve a *ForCausalLM checkpoint as a reranker scored by its answer tokens' logits; by
+    default one is when its model id or folder name contains `rerank` (Qwen3-Reranker)."""
+    reranker_prefix: str | None = None
+    """LLM reranker: fixed text before each pair, tokenized apart (default Qwen3-Reranker's)."""
+    reranker_template: str | None = None
+    """LLM reranker: the pair's text, with {query}, {document} and optionally {instruction}."""
+    reranker_suffix: str | None = None
+    """LLM reranker: fixed text after each pair, where the answer token would come."""
+    reranker_instruction: str | None = None
+    """LLM reranker: the {instruction} of the template."""
+    reranker_tokens: str | None = None
+    """LLM reranker: `yes,no`: score P(yes) over the two answer tokens; one token: its logit
+    through a sigmoid (bge-reranker-v2-gemma's `Yes`)."""
 
     def __post_init__(self) -> None:
         if not self.model_id:
@@ -173,6 +192,21 @@ class ModelSettings:
             raise StartupError(
                 f"{where}--default-prompt and --default-prompt-name cannot both be set"
             )
+        if self.window_overlap < 0:
+            raise StartupError(f"{where}--window-overlap must be >= 0, got {self.window_overlap}")
+        template = self.reranker_template
+        if template is not None and ("{query}" not in template or "{document}" not in template):
+            raise StartupError(
+                f"{where}--reranker-template must contain {{query}} and {{document}}, "
+                f"got {template!r}"
+            )
+        if self.reranker_tokens is not None:
+            tokens = [t for t in self.reranker_tokens.split(",") if t]
+            if not 1 <= len(tokens) <= 2:
+                raise StartupError(
+                    f"{where}--reranker-tokens must be one token or `yes,no`, "
+                    f"got {self.reranker_tokens!r}"
+                )
         for name in self.names:
             if not name.strip() or name != name.strip():
                 raise StartupError(

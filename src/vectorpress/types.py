@@ -22,6 +22,9 @@ class OutputKind(str, Enum):
     """A pooled vector (Dense applied), SPLADE vector, or class logits."""
     RAW = "raw"
     """The last hidden state of every token."""
+    MULTI = "multi"
+    """A model's several outputs from one pass (bge-m3: dense, sparse, ColBERT; a ColBERT
+    model: its per-token vectors), as a dict of arrays."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,9 @@ class Encoding:
     probe: bool = False
     """A health check's input: run like any other, left out of the batch metrics (in TEI a
     health check calls the backend directly and is never a batch)."""
+    attended: int | None = None
+    """Tokens may attend to the first `attended` tokens only (a ColBERT query's expansion
+    tokens are held out); None: to all."""
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -89,6 +95,11 @@ class Batch:
     probes: int = 0
     """Sequences that are health checks' inputs (Encoding.probe)."""
     probe_tokens: int = 0
+    multi_indices: tuple[int, ...] = ()
+    """Sequences that want the model's several outputs (OutputKind.MULTI), in order."""
+    key_lengths: np.ndarray | None = None
+    """(n,) int32: how many leading tokens of each sequence its tokens attend to; None when
+    every token attends to the whole sequence."""
 
     @property
     def size(self) -> int:
@@ -124,6 +135,11 @@ class Batch:
             else np.zeros(0, dtype=np.int64)
         )
         kinds = kinds or [OutputKind.POOLED] * len(encodings)
+        key_lengths = None
+        if any(e.attended is not None for e in encodings):
+            key_lengths = np.array(
+                [len(e) if e.attended is None else e.attended for e in encodings], dtype=np.int32
+            )
         return cls(
             input_ids=ids,
             token_type_ids=types,
@@ -134,6 +150,8 @@ class Batch:
             raw_indices=tuple(i for i, k in enumerate(kinds) if k is OutputKind.RAW),
             probes=sum(1 for e in encodings if e.probe),
             probe_tokens=sum(len(e) for e in encodings if e.probe),
+            multi_indices=tuple(i for i, k in enumerate(kinds) if k is OutputKind.MULTI),
+            key_lengths=key_lengths,
         )
 
 
@@ -142,8 +160,22 @@ class BatchOutput:
     """What a backend returns for one batch.
 
     ``pooled`` has one row per entry of ``pooled_indices`` (embedding vectors, SPLADE vectors or
-    class logits); ``raw`` one (tokens, hidden) array per entry of ``raw_indices``.
+    class logits); ``raw`` one (tokens, hidden) array per entry of ``raw_indices``; ``multi`` one
+    dict of named arrays per entry of ``multi_indices`` (see `MultiOutput` keys).
     """
 
     pooled: np.ndarray | None
     raw: list[np.ndarray]
+    multi: list[dict[str, np.ndarray]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class MultiOutput:
+    """What /embed_multi gives for one input: the parts asked for, the others None."""
+
+    dense: np.ndarray | None = None
+    """The pooled vector (normalized unless asked otherwise)."""
+    sparse: tuple[np.ndarray, np.ndarray] | None = None
+    """Token ids (ascending) and their weights."""
+    colbert: np.ndarray | None = None
+    """`(tokens, dim)`, one normalized vector per token."""

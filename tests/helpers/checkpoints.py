@@ -199,9 +199,8 @@ def _zoo_config(arch: str, common: dict[str, object]):  # type: ignore[no-untype
             query_pre_attn_scalar=24,
             sliding_window=16,
             layer_types=["sliding_attention", "full_attention"],
-            use_bidirectional_attention=True,
+            **{"use_bidirectional_attention": True, **extra},
             **{**decoder, "num_hidden_layers": 2},
-            **extra,
         )
     if arch == "electra":
         return tf.ElectraConfig(embedding_size=16, **common)
@@ -215,6 +214,7 @@ _HEADS = {
     "classifier": "AutoModelForSequenceClassification",
     "reranker": "AutoModelForSequenceClassification",
     "mlm": "AutoModelForMaskedLM",
+    "causal_lm": "AutoModelForCausalLM",
 }
 
 
@@ -315,4 +315,101 @@ def make_tiny(
     copy_tokenizer(dest)
     if task == "embedding":
         write_st_files(dest, pooling, dense=dense, dense_bias=dense_bias)
+    return dest
+
+
+def _declare_eos(dest: Path, token: str = "[SEP]") -> None:
+    """Name the borrowed tokenizer's separator as its end-of-sequence token too, as XLM-R's
+    </s> is both: FlagEmbedding drops cls, eos, pad and unk from an M3 model's lexical weights."""
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        data = json.loads((dest / name).read_text())
+        data["eos_token"] = token
+        (dest / name).write_text(json.dumps(data))
+
+
+def make_m3(dest: Path, seed: int = 0, colbert_dim: int | None = None) -> Path:
+    """A tiny bge-m3: an XLM-RoBERTa encoder with CLS pooling and BAAI's two extra heads,
+    `colbert_linear.pt` (Linear(hidden, colbert_dim)) and `sparse_linear.pt` (Linear(hidden, 1)),
+    saved with torch.save beside it as BAAI ships them."""
+    import transformers as tf
+
+    dest.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    # Weights drawn wider than BERT's 0.02, so that the CLS vector depends on the text enough
+    # for a parity check to tell pooling rules apart.
+    model = tf.XLMRobertaModel(
+        _config("xlm-roberta", initializer_range=0.25), add_pooling_layer=False
+    )
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "LayerNorm" in name:
+                param.add_(torch.randn_like(param) * 0.1)
+    model.eval().save_pretrained(dest)
+    copy_tokenizer(dest)
+    write_st_files(dest, "cls")
+    _declare_eos(dest)
+    hidden = json.loads((dest / "config.json").read_text())["hidden_size"]
+    gen = torch.Generator().manual_seed(1000 + seed)
+    colbert = torch.nn.Linear(hidden, colbert_dim or hidden)
+    sparse = torch.nn.Linear(hidden, 1)
+    with torch.no_grad():
+        for layer in (colbert, sparse):
+            layer.weight.copy_(torch.randn(layer.weight.shape, generator=gen) * 0.3)
+            layer.bias.copy_(torch.randn(layer.bias.shape, generator=gen) * 0.1)
+    torch.save(colbert.state_dict(), dest / "colbert_linear.pt")
+    torch.save(sparse.state_dict(), dest / "sparse_linear.pt")
+    return dest
+
+
+def make_colbert(
+    dest: Path, arch: str = "bert", embedding_size: int = 16, seed: int = 0, **options: object
+) -> Path:
+    """A tiny ColBERT in PyLate's layout: a tiny `arch` encoder saved by
+    `pylate.models.ColBERT(base, embedding_size).save(dest)` in the reference venv (PyLate adds
+    its prefix tokens to the tokenizer and a random bias-free projection). `options` go to
+    ColBERT() (query_length, document_length, attend_to_expansion_tokens...)."""
+    from tests.helpers.refvenv import run_reference
+
+    base = make_tiny(dest.parent / f"{dest.name}-base", arch, seed=seed)
+    request = {
+        "base": str(base),
+        "dest": str(dest),
+        "embedding_size": embedding_size,
+        "seed": seed,
+        "options": options,
+    }
+    run_reference("colbert_save", request)
+    return dest
+
+
+#: The chat tokens of Qwen3-Reranker's prompt, added to the borrowed tokenizer.
+CHAT_TOKENS = ("<|im_start|>", "<|im_end|>", "<think>", "</think>")
+
+
+def make_llm_reranker(dest: Path, arch: str = "qwen3", seed: int = 0, **config: object) -> Path:
+    """A tiny causal LM to serve as an LLM reranker (name `dest` so that it contains
+    `reranker`): the borrowed WordPiece tokenizer without its [CLS]/[SEP] template, as a
+    decoder's adds nothing, plus Qwen's chat tokens as added special tokens; `yes` and `no`
+    are in its vocabulary."""
+    vocab = 30522 + len(CHAT_TOKENS)
+    if arch == "gemma3_text":
+        config.setdefault("use_bidirectional_attention", False)
+    # Wider than the 0.02 default, so that the answer logits (and scores) differ between pairs.
+    config.setdefault("initializer_range", 0.1)
+    make_tiny(dest, arch, "causal_lm", seed=seed, vocab_size=vocab, **config)
+    data = json.loads((dest / "tokenizer.json").read_text())
+    data["post_processor"] = None
+    for i, token in enumerate(CHAT_TOKENS):
+        data["added_tokens"].append(
+            {
+                "id": 30522 + i,
+                "content": token,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+        )
+    (dest / "tokenizer.json").write_text(json.dumps(data))
     return dest

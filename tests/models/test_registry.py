@@ -34,3 +34,28 @@ def test_native_encoders_import_and_build() -> None:
         module, cls = arch.encoder.split(":")
         imported = __import__(f"vectorpress.backends.torch.models.{module}", fromlist=[cls])
         assert hasattr(imported, cls), arch.encoder
+
+
+#: Model kinds beyond the registry's architectures: each with its example checkpoint, what
+#: the spec must detect, and the test that checks it against its reference library.
+MODEL_KINDS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
+    # kind: (builder in tests/helpers/checkpoints.py, ModelSpec.kind, outputs, parity test)
+    "bge-m3": ("make_m3", "embedding", ("dense", "sparse", "colbert"), "test_m3.py"),
+    "colbert": ("make_colbert", "embedding", ("colbert",), "test_colbert.py"),
+    "llm-reranker": ("make_llm_reranker", "reranker", ("scores",), "test_llm_reranker.py"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODEL_KINDS))
+def test_every_model_kind_is_detected_and_tested(
+    tmp_path_factory: pytest.TempPathFactory, name: str
+) -> None:
+    from tests.helpers import checkpoints
+    from vectorpress.model_spec import load_model_spec
+    from vectorpress.settings import ModelSettings
+
+    builder, kind, outputs, parity = MODEL_KINDS[name]
+    assert (Path(__file__).parent / parity).is_file(), f"{name}: no parity test {parity}"
+    folder = getattr(checkpoints, builder)(tmp_path_factory.mktemp(name) / f"tiny-{name}")
+    spec = load_model_spec(folder, ModelSettings(str(folder)))
+    assert (spec.kind, spec.outputs) == (kind, outputs), name

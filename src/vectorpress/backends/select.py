@@ -44,6 +44,14 @@ def select_backend(spec: ModelSpec, settings: ModelSettings) -> Backend:
             choice, why = "torch", f"model_type {spec.model_type!r} has a native packed model"
     else:
         why = "--backend asked for it"
+    if spec.llm_rerank is not None and choice != "torch":
+        raise StartupError(
+            f"LLM rerankers run on the native decoders (--backend torch) only, not {choice}: {why}"
+        )
+    if spec.has_multi_vector and choice != "torch":
+        raise StartupError(
+            f"multi-vector models (bge-m3, ColBERT) run on --backend torch only, not {choice}"
+        )
     log.info("backend %s serves %s: %s", choice, spec.architecture, why)
     if choice == "torch":
         return TorchBackend(spec, **backend_args(settings))

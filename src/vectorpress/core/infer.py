@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,9 +28,9 @@ from vectorpress.errors import (
     ValidationError,
     VectorpressError,
 )
-from vectorpress.model_spec import ModelSpec
+from vectorpress.model_spec import ColbertSpec, LlmRerankSpec, ModelSpec
 from vectorpress.observability import tracing
-from vectorpress.types import Encoding, Entry, OutputKind, Timings, Truncation
+from vectorpress.types import Encoding, Entry, MultiOutput, OutputKind, Timings, Truncation
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -52,9 +54,67 @@ class Result(Generic[T]):
 
 @dataclass
 class _Run:
-    values: list[np.ndarray]
+    values: list[Any]
+    """Arrays, or for MULTI entries dicts of named arrays."""
     encodings: list[Encoding]
     timings: Timings
+
+
+def window_means(
+    vectors: list[np.ndarray], lengths: list[int], spans: list[int]
+) -> list[np.ndarray]:
+    """One vector per input from its windows' (`spans[i]` consecutive vectors): their mean
+    weighted by each window's token count."""
+    out = []
+    start = 0
+    for span in spans:
+        rows = np.stack(vectors[start : start + span]).astype(np.float64)
+        weights = np.asarray(lengths[start : start + span], dtype=np.float64)
+        out.append((weights @ rows / weights.sum()).astype(np.float32))
+        start += span
+    return out
+
+
+_PLACEHOLDER = re.compile(r"\{(query|document|instruction)\}")
+
+
+def llm_prompt(llm: LlmRerankSpec, query: str, document: str) -> str:
+    """The pair's text in the template; in one pass, so that braces in the texts stay as
+    they are."""
+    values = {"query": query, "document": document, "instruction": llm.instruction}
+    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], llm.template)
+
+
+def colbert_encoding(enc: Encoding, colbert: ColbertSpec, is_query: bool) -> Encoding:
+    """PyLate's ColBERT input: the side's prefix token after the first token, and a query
+    padded with mask tokens to the query length, which the other tokens do not attend to
+    unless the model says so."""
+    prefix = colbert.query_prefix_id if is_query else colbert.document_prefix_id
+    ids = list(enc.ids)
+    if prefix is not None:
+        ids = [*ids[:1], prefix, *ids[1:]]
+    attended = None
+    if is_query and colbert.expansion and len(ids) < colbert.query_length:
+        real = len(ids)
+        ids += [colbert.mask_token_id] * (colbert.query_length - real)
+        attended = None if colbert.attend_to_expansion else real
+    return Encoding(
+        ids, [0] * len(ids), enc.position_offset, enc.chars, enc.truncated, attended=attended
+    )
+
+
+def m3_weights(weights: Sequence[float] | None) -> tuple[float, float, float]:
+    """A request's bge-m3 weights (dense, sparse, ColBERT), checked: three, none negative, not
+    all zero."""
+    if weights is None:
+        return postprocess.M3_DEFAULT_WEIGHTS
+    values = tuple(float(w) for w in weights)
+    if len(values) != 3 or any(not np.isfinite(w) or w < 0 for w in values) or sum(values) <= 0:
+        raise ValidationError(
+            "Input validation error: `weights` must be three non-negative numbers (dense, "
+            f"sparse, colbert) that do not sum to zero, got {list(weights)}"
+        )
+    return values
 
 
 class Infer:
@@ -70,6 +130,8 @@ class Infer:
         max_concurrent_requests: int,
         max_client_batch_size: int,
         auto_truncate: bool,
+        windowed: bool = False,
+        window_overlap: int = 0,
         metrics: Metrics | None = None,
     ) -> None:
         self.spec = spec
@@ -79,6 +141,8 @@ class Infer:
         self.admission = Admission(max_concurrent_requests)
         self.max_client_batch_size = max_client_batch_size
         self.auto_truncate = auto_truncate
+        self.windowed = windowed
+        self.window_overlap = window_overlap
         self.metrics = metrics or Metrics(spec.max_input_length)
         self.metrics.gauge_callback("te_queue_size", lambda: len(queue))
         self.tracer: Tracer | None = None
@@ -254,29 +318,55 @@ class Infer:
         dimensions: int | None = None,
         wait_for_permits: bool = False,
         batch: bool | None = None,
+        windowed: bool | None = None,
+        window_overlap: int | None = None,
     ) -> Result[list[np.ndarray]]:
-        """Pooled vectors (Dense applied), then Matryoshka truncation, then normalization."""
+        """Pooled vectors (Dense applied), then Matryoshka truncation, then normalization.
+
+        `windowed` (the server's default when None): a text longer than the model's window is
+        cut into windows sharing `window_overlap` tokens, each embedded as an input of its own
+        in the same batches, and its vector is the token-weighted mean of theirs (vLLM's
+        chunked processing); usage counts every window's tokens.
+        """
 
         async def call() -> Result[list[np.ndarray]]:
             self._require_embedding()
+            if self.spec.colbert is not None:
+                raise ModelTypeError(
+                    "Backend error: a ColBERT model gives per-token vectors only; use /embed_multi"
+                )
             self.check_batch(len(inputs))
             if self.spec.is_splade and normalize:
                 raise BackendError("Backend error: `normalize` is not available for SPLADE models")
             self._check_dimensions(dimensions)
-            run = await self._run(
-                len(inputs),
-                lambda: self.tokenizers.encode(
-                    inputs,
-                    truncate=self._truncate(truncate),
-                    direction=direction,
-                    prompt_name=prompt_name,
-                ),
-                OutputKind.POOLED,
-                "embed",
-                wait_for_permits,
-            )
+            spans: list[int] = []
+            use_windows = self.windowed if windowed is None else windowed
+
+            async def encode() -> list[Encoding]:
+                if not use_windows:
+                    return await self.tokenizers.encode(
+                        inputs,
+                        truncate=self._truncate(truncate),
+                        direction=direction,
+                        prompt_name=prompt_name,
+                    )
+                if any(not isinstance(i, str) for i in inputs):
+                    raise ValidationError(
+                        "Input validation error: `windowed` inputs must be texts, not token ids"
+                    )
+                overlap = self.window_overlap if window_overlap is None else window_overlap
+                windows = await self.tokenizers.encode_windows(
+                    [str(i) for i in inputs], overlap=overlap, prompt_name=prompt_name
+                )
+                spans.extend(len(w) for w in windows)
+                return [e for w in windows for e in w]
+
+            run = await self._run(len(inputs), encode, OutputKind.POOLED, "embed", wait_for_permits)
+            values = run.values
+            if spans:
+                values = window_means(values, [len(e) for e in run.encodings], spans)
             vectors = []
-            for v in run.values:
+            for v in values:
                 v = postprocess.matryoshka(v, dimensions)
                 vectors.append(postprocess.l2_normalize(v) if normalize else v)
             return self._result(vectors, run, self._chars(inputs))
@@ -296,11 +386,12 @@ class Infer:
         """SPLADE vectors as (indices, values) of their non-zero entries."""
 
         async def call() -> Result[list[tuple[np.ndarray, np.ndarray]]]:
-            if self.spec.kind != "embedding" or not self.spec.is_splade:
+            if self.spec.kind != "embedding" or not self.spec.has_sparse:
                 raise ModelTypeError(
                     "Backend error: Model is not an embedding model with SPLADE pooling"
                 )
             self.check_batch(len(inputs))
+            m3 = self.spec.m3 is not None
             run = await self._run(
                 len(inputs),
                 lambda: self.tokenizers.encode(
@@ -309,13 +400,15 @@ class Infer:
                     direction=direction,
                     prompt_name=prompt_name,
                 ),
-                OutputKind.POOLED,
+                OutputKind.MULTI if m3 else OutputKind.POOLED,
                 "embed",
                 wait_for_permits,
             )
-            return self._result(
-                [postprocess.sparsify(v) for v in run.values], run, self._chars(inputs)
-            )
+            if m3:
+                values = [(v["sparse_ids"], v["sparse_weights"]) for v in run.values]
+            else:
+                values = [postprocess.sparsify(v) for v in run.values]
+            return self._result(values, run, self._chars(inputs))
 
         return await self._request(len(inputs), call, "embed_sparse", batch)
 
@@ -351,6 +444,119 @@ class Infer:
             return self._result(run.values, run, self._chars(inputs))
 
         return await self._request(len(inputs), call, "embed_all", batch)
+
+    async def embed_multi(
+        self,
+        inputs: Sequence[TextInput],
+        *,
+        dense: bool = False,
+        sparse: bool = False,
+        colbert: bool = True,
+        normalize: bool = True,
+        truncate: bool | None = None,
+        direction: Truncation = Truncation.RIGHT,
+        prompt_name: str | None = None,
+        is_query: bool = True,
+        wait_for_permits: bool = False,
+        batch: bool | None = None,
+    ) -> Result[list[MultiOutput]]:
+        """Any of a multi-output model's dense vector, sparse weights and per-token (ColBERT)
+        vectors, all from one forward pass per input. A ColBERT model encodes the inputs as
+        queries (prefix, expansion) or documents (prefix, skip-list) by `is_query`."""
+
+        async def call() -> Result[list[MultiOutput]]:
+            self._require_multi_vector()
+            if not (dense or sparse or colbert):
+                raise ValidationError(
+                    "Input validation error: ask for at least one of `dense`, `sparse` and "
+                    "`colbert`"
+                )
+            offered = self.spec.outputs
+            for name, wanted in (("dense", dense), ("sparse", sparse), ("colbert", colbert)):
+                if wanted and name not in offered:
+                    raise ModelTypeError(f"Backend error: Model has no {name} output")
+            self.check_batch(len(inputs))
+            sides = [is_query] * len(inputs)
+            run = await self._run(
+                len(inputs),
+                lambda: self._encode_multi(inputs, sides, truncate, direction, prompt_name),
+                OutputKind.MULTI,
+                "embed",
+                wait_for_permits,
+            )
+            out = []
+            for v in self._kept_tokens(run, sides):
+                vector = v.get("dense") if dense else None
+                if vector is not None and normalize:
+                    vector = postprocess.l2_normalize(vector)
+                out.append(
+                    MultiOutput(
+                        dense=vector,
+                        sparse=(v["sparse_ids"], v["sparse_weights"]) if sparse else None,
+                        colbert=v["colbert"] if colbert else None,
+                    )
+                )
+            return self._result(out, run, self._chars(inputs))
+
+        return await self._request(len(inputs), call, "embed_multi", batch)
+
+    async def _encode_multi(
+        self,
+        inputs: Sequence[TextInput],
+        queries: list[bool],
+        truncate: bool | None,
+        direction: Truncation,
+        prompt_name: str | None = None,
+    ) -> list[Encoding]:
+        """Encodings for MULTI entries; a ColBERT model's with its prefix and query expansion."""
+        colbert = self.spec.colbert
+        if colbert is None:
+            return await self.tokenizers.encode(
+                inputs,
+                truncate=self._truncate(truncate),
+                direction=direction,
+                prompt_name=prompt_name,
+            )
+        out: list[Encoding] = []
+        for side in (True, False):
+            which = [i for i, q in enumerate(queries) if q is side]
+            if not which:
+                continue
+            length = colbert.query_length if side else colbert.document_length
+            prefix = colbert.query_prefix_id if side else colbert.document_prefix_id
+            encodings = await self.tokenizers.encode(
+                [inputs[i] for i in which],
+                truncate=self._truncate(truncate),
+                direction=direction,
+                prompt_name=prompt_name,
+                max_length=length - (prefix is not None),
+            )
+            out.extend(colbert_encoding(e, colbert, side) for e in encodings)
+        # Back in input order: queries were encoded first.
+        order = [i for q in (True, False) for i, side in enumerate(queries) if side is q]
+        ranked = sorted(range(len(order)), key=order.__getitem__)
+        return [out[r] for r in ranked]
+
+    def _kept_tokens(self, run: _Run, queries: list[bool]) -> list[dict[str, np.ndarray]]:
+        """MULTI values with a ColBERT document's skip-list tokens dropped (PyLate keeps every
+        token of a query)."""
+        colbert = self.spec.colbert
+        if colbert is None:
+            return list(run.values)
+        out = []
+        for value, enc, is_query in zip(run.values, run.encodings, queries, strict=True):
+            if not is_query:
+                keep = ~np.isin(np.asarray(enc.ids), colbert.skiplist_ids)
+                value = {**value, "colbert": value["colbert"][keep]}
+            out.append(value)
+        return out
+
+    def _require_multi_vector(self) -> None:
+        if not self.spec.has_multi_vector:
+            raise ModelTypeError(
+                "Backend error: Model has no multi-vector (ColBERT) output; serve a bge-m3 or "
+                "ColBERT model"
+            )
 
     async def similarity(
         self,
@@ -406,9 +612,7 @@ class Infer:
             self.check_batch(len(inputs))
             run = await self._run(
                 len(inputs),
-                lambda: self.tokenizers.encode_pairs(
-                    inputs, truncate=self._truncate(truncate), direction=direction
-                ),
+                lambda: self._encode_pairs(inputs, truncate, direction),
                 OutputKind.POOLED,
                 "predict",
                 wait_for_permits,
@@ -435,32 +639,107 @@ class Infer:
         direction: Truncation = Truncation.RIGHT,
         raw_scores: bool = False,
         wait_for_permits: bool = False,
+        weights: Sequence[float] | None = None,
+        windowed: bool | None = None,
+        window_overlap: int | None = None,
     ) -> Result[list[tuple[int, float]]]:
-        """(index, score) of each text, best first; ties put the higher index first."""
+        """(index, score) of each text, best first; ties put the higher index first.
+
+        A cross-encoder scores each pair; a bge-m3 model encodes the query and the texts once
+        each and scores them by FlagEmbedding's weighted mean of its dense, sparse and ColBERT
+        scores (`weights`, in that order; its defaults otherwise).
+
+        `windowed` (a cross-encoder; the server's default when None): a text too long for the
+        model's window with the query is scored window by window, and its score is the best
+        window's (Cohere's max over chunks).
+        """
 
         async def call() -> Result[list[tuple[int, float]]]:
+            if self.spec.has_multi_vector:
+                return await self._rerank_multi(query, texts, truncate, direction, weights)
+            if weights is not None:
+                raise ValidationError("Input validation error: `weights` is for bge-m3 models only")
             if self.spec.kind != "reranker":
                 raise ModelTypeError("Backend error: model is not a re-ranker model")
             if not texts:
                 raise EmptyError("`texts` cannot be empty")
             self.check_batch(len(texts), "texts")
             pairs: list[PairInput] = [(query, t) for t in texts]
+            spans: list[int] = []
+            use_windows = self.windowed if windowed is None else windowed
+
+            async def encode() -> list[Encoding]:
+                if not use_windows or self.spec.llm_rerank is not None:
+                    return await self._encode_pairs(pairs, truncate, direction)
+                overlap = self.window_overlap if window_overlap is None else window_overlap
+                windows = await self.tokenizers.encode_pair_windows(query, texts, overlap=overlap)
+                spans.extend(len(w) for w in windows)
+                return [e for w in windows for e in w]
+
             run = await self._run(
-                len(texts),
-                lambda: self.tokenizers.encode_pairs(
-                    pairs, truncate=self._truncate(truncate), direction=direction
-                ),
-                OutputKind.POOLED,
-                "predict",
-                wait_for_permits,
+                len(texts), encode, OutputKind.POOLED, "predict", wait_for_permits
             )
             scores = [float(postprocess.class_scores(v, raw_scores)[0]) for v in run.values]
+            if spans:
+                bounds = [0, *itertools.accumulate(spans)]
+                scores = [max(scores[a:b]) for a, b in itertools.pairwise(bounds)]
             ranked = [(i, scores[i]) for i in postprocess.rerank_order(scores)]
             chars = len(query) * len(texts) + sum(len(t) for t in texts)
             return self._result(ranked, run, chars)
 
         # TEI counts every rerank as a batch request, whatever the number of texts.
         return await self._request(len(texts), call, "rerank", batch=True)
+
+    async def _encode_pairs(
+        self, inputs: Sequence[PairInput], truncate: bool | None, direction: Truncation
+    ) -> list[Encoding]:
+        """A cross-encoder's pair encodings, or an LLM reranker's prompts."""
+        llm = self.spec.llm_rerank
+        if llm is None:
+            return await self.tokenizers.encode_pairs(
+                inputs, truncate=self._truncate(truncate), direction=direction
+            )
+        texts = []
+        for item in inputs:
+            if isinstance(item, str):
+                raise ValidationError(
+                    "Input validation error: an LLM reranker scores (query, document) pairs; "
+                    "give two texts per input"
+                )
+            texts.append(llm_prompt(llm, item[0], item[1]))
+        return await self.tokenizers.encode_wrapped(
+            texts, prefix=llm.prefix, suffix=llm.suffix, truncate=self._truncate(truncate)
+        )
+
+    async def _rerank_multi(
+        self,
+        query: str,
+        texts: Sequence[str],
+        truncate: bool | None,
+        direction: Truncation,
+        weights: Sequence[float] | None,
+    ) -> Result[list[tuple[int, float]]]:
+        if self.spec.m3 is None and weights is not None:
+            raise ValidationError("Input validation error: `weights` is for bge-m3 models only")
+        mode = m3_weights(weights)
+        if not texts:
+            raise EmptyError("`texts` cannot be empty")
+        self.check_batch(len(texts), "texts")
+        everything = [query, *texts]
+        sides = [True] + [False] * len(texts)
+        run = await self._run(
+            len(everything),
+            lambda: self._encode_multi(everything, sides, truncate, direction),
+            OutputKind.MULTI,
+            "predict",
+        )
+        q, *passages = self._kept_tokens(run, sides)
+        if self.spec.m3 is not None:
+            scores = [postprocess.m3_scores(q, p, mode)["colbert+sparse+dense"] for p in passages]
+        else:
+            scores = [postprocess.maxsim(q["colbert"], p["colbert"]) for p in passages]
+        ranked = [(i, scores[i]) for i in postprocess.rerank_order(scores)]
+        return self._result(ranked, run, self._chars(everything))
 
     # -- tokenizer routes ----------------------------------------------------------------------
 
@@ -506,7 +785,7 @@ class Infer:
             probe = Encoding(
                 ids=[0], type_ids=[0], position_offset=self.spec.position_offset, probe=True
             )
-            entry = Entry(probe, OutputKind.POOLED, loop.create_future(), loop)
+            entry = Entry(probe, self.spec.probe_kind, loop.create_future(), loop)
             try:
                 self.queue.put([entry])
             except VectorpressError:

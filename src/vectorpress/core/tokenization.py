@@ -157,12 +157,17 @@ class TokenizerPool:
         truncate: bool,
         direction: Truncation = Truncation.RIGHT,
         prompt_name: str | None = None,
+        max_length: int | None = None,
     ) -> list[Encoding]:
-        """Encode single inputs (texts or token ids); all or nothing."""
+        """Encode single inputs (texts or token ids); all or nothing. `max_length` lowers the
+        model's limit for this call (a ColBERT query's length)."""
         prompt = self.resolve_prompt(prompt_name)
         items = list(inputs)
         size = _size(items, prompt)
-        return await self._call(size, self._encode_singles, items, truncate, direction, prompt)
+        limit = self.max_input_length if max_length is None else max_length
+        return await self._call(
+            size, self._encode_singles, items, truncate, direction, prompt, limit
+        )
 
     async def encode_pairs(
         self,
@@ -182,6 +187,116 @@ class TokenizerPool:
         size += len(prompt or "") * len(items)
         return await self._call(size, self._encode_pairs, items, truncate, direction, prompt)
 
+    async def encode_windows(
+        self, inputs: Sequence[str], *, overlap: int, prompt_name: str | None = None
+    ) -> list[list[Encoding]]:
+        """Each text whole, as windows of the model's length that share `overlap` tokens, each
+        with its own special tokens (the tokenizer's overflowing encodings)."""
+        if not 0 <= overlap < self.max_input_length // 2:
+            raise ValidationError(
+                f"Input validation error: `window_overlap` must be between 0 and "
+                f"{self.max_input_length // 2 - 1}, got {overlap}"
+            )
+        prompt = self.resolve_prompt(prompt_name)
+        items = list(inputs)
+        size = _size(items, prompt)
+        return await self._call(size, self._encode_windows, items, overlap, prompt)
+
+    def _encode_windows(
+        self, texts: list[str], overlap: int, prompt: str | None
+    ) -> list[list[Encoding]]:
+        # A tokenizer of its own: the stride is not part of the pooled tokenizers' state.
+        tok = self._new_tokenizer()
+        tok.enable_truncation(self.max_input_length, stride=overlap)
+        out = []
+        for text in texts:
+            if not text:
+                raise EmptyError("Input validation error: `inputs` cannot be empty")
+            try:
+                enc = tok.encode((prompt or "") + text, add_special_tokens=True)
+            except Exception as exc:
+                raise TokenizerError(f"tokenizer error: {exc}") from exc
+            windows = [enc, *enc.overflowing]
+            out.append(
+                [
+                    Encoding(w.ids, w.type_ids, self.position_offset, len(text) if i == 0 else 0)
+                    for i, w in enumerate(windows)
+                ]
+            )
+        return out
+
+    async def encode_pair_windows(
+        self, query: str, texts: Sequence[str], *, overlap: int
+    ) -> list[list[Encoding]]:
+        """(query, text) pairs whole, each text cut into windows that share `overlap` tokens,
+        every window with the whole query (the tokenizer's overflowing encodings)."""
+        if not 0 <= overlap < self.max_input_length // 2:
+            raise ValidationError(
+                f"Input validation error: `window_overlap` must be between 0 and "
+                f"{self.max_input_length // 2 - 1}, got {overlap}"
+            )
+        items = list(texts)
+        size = sum(len(t) for t in items) + len(query) * len(items)
+        return await self._call(size, self._encode_pair_windows, query, items, overlap)
+
+    def _encode_pair_windows(
+        self, query: str, texts: list[str], overlap: int
+    ) -> list[list[Encoding]]:
+        tok = self._new_tokenizer()
+        tok.enable_truncation(self.max_input_length, stride=overlap, strategy="only_second")
+        out = []
+        for text in texts:
+            if not query and not text:
+                raise EmptyError("Input validation error: `inputs` cannot be empty")
+            try:
+                enc = tok.encode(query, text, add_special_tokens=True)
+            except Exception as exc:
+                raise TokenizerError(f"tokenizer error: {exc}") from exc
+            windows = [enc, *enc.overflowing]
+            chars = len(query) + len(text)
+            out.append(
+                [
+                    Encoding(w.ids, w.type_ids, self.position_offset, chars if i == 0 else 0)
+                    for i, w in enumerate(windows)
+                ]
+            )
+        return out
+
+    async def encode_wrapped(
+        self, texts: Sequence[str], *, prefix: str, suffix: str, truncate: bool
+    ) -> list[Encoding]:
+        """Encode texts between a fixed prefix and suffix (an LLM reranker's prompt): those are
+        tokenized apart without special tokens, and truncation cuts the text only."""
+        items = list(texts)
+        size = sum(len(t) for t in items) + (len(prefix) + len(suffix)) * len(items)
+        return await self._call(size, self._encode_wrapped, items, prefix, suffix, truncate)
+
+    def _encode_wrapped(
+        self, texts: list[str], prefix: str, suffix: str, truncate: bool
+    ) -> list[Encoding]:
+        plain = self._tokenizer(None)
+        head = plain.encode(prefix, add_special_tokens=False).ids if prefix else []
+        tail = plain.encode(suffix, add_special_tokens=False).ids if suffix else []
+        room = self.max_input_length - len(head) - len(tail)
+        if room <= 0:
+            raise ValidationError(
+                f"Input validation error: the prompt alone takes {len(head) + len(tail)} of the "
+                f"model's {self.max_input_length} tokens"
+            )
+        out = []
+        for text in texts:
+            chars = len(text)
+            text = self._check_chars(text, truncate, self.max_chars)
+            tok = self._tokenizer((room, Truncation.RIGHT.value) if truncate else None)
+            try:
+                enc = tok.encode(text, add_special_tokens=True)
+            except Exception as exc:
+                raise TokenizerError(f"tokenizer error: {exc}") from exc
+            ids = [*head, *enc.ids, *tail]
+            truncated = bool(enc.overflowing) or chars != len(text)
+            out.append(self._finish(ids, [0] * len(ids), chars, truncate, truncated))
+        return out
+
     def _check_chars(self, text: str, truncate: bool, limit: int) -> str:
         if len(text) <= limit:
             return text
@@ -193,12 +308,19 @@ class TokenizerPool:
         )
 
     def _finish(
-        self, ids: list[int], type_ids: list[int], chars: int, truncate: bool, truncated: bool
+        self,
+        ids: list[int],
+        type_ids: list[int],
+        chars: int,
+        truncate: bool,
+        truncated: bool,
+        limit: int | None = None,
     ) -> Encoding:
-        if len(ids) > self.max_input_length:
+        limit = self.max_input_length if limit is None else limit
+        if len(ids) > limit:
             raise TokenLimitError(
-                f"Input validation error: `inputs` must have less than "
-                f"{self.max_input_length} tokens. Given: {len(ids)}"
+                f"Input validation error: `inputs` must have less than {limit} tokens. "
+                f"Given: {len(ids)}"
             )
         return Encoding(
             ids=ids,
@@ -209,8 +331,14 @@ class TokenizerPool:
         )
 
     def _encode_ids(
-        self, ids: list[int], truncate: bool, direction: Truncation, prompt: str | None
+        self,
+        ids: list[int],
+        truncate: bool,
+        direction: Truncation,
+        prompt: str | None,
+        limit: int | None = None,
     ) -> Encoding:
+        limit = self.max_input_length if limit is None else limit
         if not ids:
             raise EmptyError("Input validation error: `inputs` cannot be empty")
         bad = next((i for i in ids if not 0 <= i < self.vocab_size), None)
@@ -223,37 +351,44 @@ class TokenizerPool:
             # As TEI: with a prompt, ids are decoded, prompted, and encoded again.
             tok = self._tokenizer(None)
             text = prompt + _decode(tok, ids, skip_special_tokens=True)
-            enc = self._encode_text(text, truncate, direction)
+            enc = self._encode_text(text, truncate, direction, limit)
             return Encoding(enc.ids, enc.type_ids, enc.position_offset, len(ids), enc.truncated)
         truncated = False
-        if len(ids) > self.max_input_length and truncate:
-            limit = self.max_input_length
+        if len(ids) > limit and truncate:
             ids = ids[:limit] if direction is Truncation.RIGHT else ids[-limit:]
             truncated = True
-        return self._finish(list(ids), [0] * len(ids), len(ids), truncate, truncated)
+        return self._finish(list(ids), [0] * len(ids), len(ids), truncate, truncated, limit)
 
-    def _encode_text(self, text: str, truncate: bool, direction: Truncation) -> Encoding:
+    def _encode_text(
+        self, text: str, truncate: bool, direction: Truncation, limit: int | None = None
+    ) -> Encoding:
+        limit = self.max_input_length if limit is None else limit
         chars = len(text)
         text = self._check_chars(text, truncate, self.max_chars)
-        tok = self._tokenizer((self.max_input_length, direction.value) if truncate else None)
+        tok = self._tokenizer((limit, direction.value) if truncate else None)
         try:
             enc = _encode(tok, text, add_special_tokens=True)
         except Exception as exc:
             raise TokenizerError(f"tokenizer error: {exc}") from exc
         truncated = bool(enc.overflowing) or chars != len(text)
-        return self._finish(enc.ids, enc.type_ids, chars, truncate, truncated)
+        return self._finish(enc.ids, enc.type_ids, chars, truncate, truncated, limit)
 
     def _encode_singles(
-        self, inputs: list[TextInput], truncate: bool, direction: Truncation, prompt: str | None
+        self,
+        inputs: list[TextInput],
+        truncate: bool,
+        direction: Truncation,
+        prompt: str | None,
+        limit: int | None = None,
     ) -> list[Encoding]:
         out = []
         for item in inputs:
             if isinstance(item, str):
                 if not item:
                     raise EmptyError("Input validation error: `inputs` cannot be empty")
-                out.append(self._encode_text((prompt or "") + item, truncate, direction))
+                out.append(self._encode_text((prompt or "") + item, truncate, direction, limit))
             else:
-                out.append(self._encode_ids(item, truncate, direction, prompt))
+                out.append(self._encode_ids(item, truncate, direction, prompt, limit))
         return out
 
     def _encode_pairs(

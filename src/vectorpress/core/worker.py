@@ -152,6 +152,8 @@ class BackendWorker:
                 values[index] = output.pooled[row]
         for arr, index in zip(output.raw, batch.raw_indices, strict=False):
             values[index] = arr
+        for parts, index in zip(output.multi, batch.multi_indices, strict=False):
+            values[index] = parts
         for entry in entries:
             entry.queue_time = started - entry.queued_at
             entry.inference_time = elapsed
@@ -222,6 +224,8 @@ def _halves(batch: Batch) -> tuple[Batch, Batch]:
             max_seqlen=int(np.diff(cu[lo : hi + 1]).max()),
             pooled_indices=tuple(i - lo for i in batch.pooled_indices if lo <= i < hi),
             raw_indices=tuple(i - lo for i in batch.raw_indices if lo <= i < hi),
+            multi_indices=tuple(i - lo for i in batch.multi_indices if lo <= i < hi),
+            key_lengths=None if batch.key_lengths is None else batch.key_lengths[lo:hi],
         )
 
     return part(0, mid, 0, split), part(mid, batch.size, split, batch.total_tokens)
@@ -233,6 +237,7 @@ def _join(outputs: Any) -> BatchOutput:
     return BatchOutput(
         pooled=np.concatenate(pooled) if pooled else None,
         raw=[r for p in parts for r in p.raw],
+        multi=[m for p in parts for m in p.multi],
     )
 
 

@@ -46,6 +46,9 @@ async def run_rerank(state: ModelState, body: RerankRequest) -> tuple[Any, Resul
         truncate=body.truncate,
         direction=to_truncation(body.truncation_direction),
         raw_scores=body.raw_scores,
+        weights=body.weights,
+        windowed=body.windowed,
+        window_overlap=body.window_overlap,
     )
     if body.return_text:
         payload = [

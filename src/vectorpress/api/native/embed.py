@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,7 @@ from vectorpress.api.headers import timing_headers
 from vectorpress.api.native.common import json_answer
 from vectorpress.api.native.schemas import (
     EmbedAllRequest,
+    EmbedMultiRequest,
     EmbedRequest,
     EmbedSparseRequest,
     SimilarityRequest,
@@ -21,6 +23,7 @@ from vectorpress.api.native.schemas import (
 from vectorpress.api.routing import model_for
 from vectorpress.api.state import ModelState
 from vectorpress.core.infer import Result
+from vectorpress.types import MultiOutput
 
 router = APIRouter(tags=["Text Embeddings Inference"])
 
@@ -35,6 +38,8 @@ async def run_embed(state: ModelState, body: EmbedRequest) -> tuple[Any, Result[
         prompt_name=body.prompt_name,
         normalize=body.normalize,
         dimensions=body.dimensions,
+        windowed=body.windowed,
+        window_overlap=body.window_overlap,
     )
     return result.values, result
 
@@ -69,6 +74,45 @@ async def run_embed_sparse(state: ModelState, body: EmbedSparseRequest) -> tuple
     return payload, result
 
 
+def _vectors(array: np.ndarray, body: EmbedMultiRequest) -> Any:
+    array = array.astype(np.float16 if body.dtype == "float16" else np.float32)
+    if body.encoding_format == "base64":
+        data = base64.b64encode(array.astype(array.dtype.newbyteorder("<")).tobytes()).decode()
+        return {"base64": data, "shape": list(array.shape), "dtype": body.dtype}
+    return array.astype(np.float32)
+
+
+def multi_payload(out: MultiOutput, body: EmbedMultiRequest) -> dict[str, Any]:
+    item: dict[str, Any] = {}
+    if out.dense is not None:
+        item["dense"] = _vectors(out.dense, body)
+    if out.sparse is not None:
+        ids, weights = out.sparse
+        item["sparse"] = [
+            {"index": i, "value": v} for i, v in zip(ids.tolist(), weights, strict=True)
+        ]
+    if out.colbert is not None:
+        item["colbert"] = _vectors(out.colbert, body)
+    return item
+
+
+async def run_embed_multi(state: ModelState, body: EmbedMultiRequest) -> tuple[Any, Result[Any]]:
+    inputs, is_batch = as_batch(body.inputs)
+    result = await state.infer.embed_multi(
+        inputs,
+        batch=is_batch,
+        dense=body.dense,
+        sparse=body.sparse,
+        colbert=body.colbert,
+        normalize=body.normalize,
+        is_query=body.is_query,
+        truncate=body.truncate,
+        direction=to_truncation(body.truncation_direction),
+        prompt_name=body.prompt_name,
+    )
+    return [multi_payload(v, body) for v in result.values], result
+
+
 async def run_similarity(state: ModelState, body: SimilarityRequest) -> tuple[Any, Result[Any]]:
     params = body.parameters
     result = await state.infer.similarity(
@@ -96,6 +140,16 @@ async def embed_all(body: EmbedAllRequest, request: Request) -> Response:
 @router.post("/embed_sparse", summary="SPLADE sparse embeddings: the non-zero (index, value)s")
 async def embed_sparse(body: EmbedSparseRequest, request: Request) -> Response:
     payload, result = await run_embed_sparse(model_for(request, body.model), body)
+    return await json_answer(payload, timing_headers(result))
+
+
+@router.post(
+    "/embed_multi",
+    summary="Multi-vector embeddings: per-token (ColBERT) vectors, and for bge-m3 any of its "
+    "dense, sparse and ColBERT outputs from one forward pass",
+)
+async def embed_multi(body: EmbedMultiRequest, request: Request) -> Response:
+    payload, result = await run_embed_multi(model_for(request, body.model), body)
     return await json_answer(payload, timing_headers(result))
 
 

@@ -82,6 +82,11 @@ class EmbedRequest(_Body):
     prompt_name: StrictStr | None = None
     normalize: StrictBool = True
     dimensions: StrictInt | None = None
+    windowed: StrictBool | None = None
+    """Embed a text longer than the model's window as pooled overlapping windows (the
+    server's --windowed-inputs when omitted)."""
+    window_overlap: StrictInt | None = None
+    """Tokens consecutive windows share (the server's --window-overlap when omitted)."""
 
 
 class EmbedAllRequest(_Body):
@@ -95,6 +100,27 @@ class EmbedAllRequest(_Body):
 
 class EmbedSparseRequest(EmbedAllRequest):
     pass
+
+
+class EmbedMultiRequest(_Body):
+    model_config = _example(
+        {"inputs": ["What is BGE M3?"], "dense": True, "sparse": True, "colbert": True}
+    )
+
+    inputs: Input
+    dense: StrictBool = False
+    sparse: StrictBool = False
+    colbert: StrictBool = True
+    normalize: StrictBool = True
+    """Normalize the dense vector (per-token vectors always are, as the models train them)."""
+    encoding_format: Literal["float", "base64"] = "float"
+    """base64: each text's per-token vectors as one little-endian array, row after row."""
+    dtype: Literal["float32", "float16"] = "float32"
+    is_query: StrictBool = True
+    """ColBERT: encode as queries (prefix, expansion to the query length) or documents."""
+    truncate: StrictBool | None = None
+    truncation_direction: Direction = "Right"
+    prompt_name: StrictStr | None = None
 
 
 class SimilarityInput(_Body):
@@ -148,6 +174,11 @@ class RerankRequest(_Body):
     truncation_direction: Direction = "Right"
     raw_scores: StrictBool = False
     return_text: StrictBool = False
+    weights: list[float] | None = None
+    """bge-m3 only: the weights of its dense, sparse and ColBERT scores."""
+    windowed: StrictBool | None = None
+    """Cross-encoders: score a text too long for the window by its best window."""
+    window_overlap: StrictInt | None = None
 
 
 class TokenizeRequest(_Body):

@@ -24,32 +24,50 @@ class LengthGroup:
     """Start of the sequence when the group holds one."""
     filler: bool = False
     """Padding rows (`PackedSequences.with_filler`): no attention, zeros."""
+    keys: torch.Tensor | None = None
+    """`(count, 1, 1, length)` bool, the keys each sequence's tokens may attend to, where some
+    are held out (a ColBERT query's expansion tokens); None when all are attended."""
 
 
 class PackedSequences:
     """Sequence bounds of one batch, with the length groups computed once for every layer."""
 
-    def __init__(self, cu_seqlens: torch.Tensor, max_seqlen: int, varlen: bool = False) -> None:
+    def __init__(
+        self,
+        cu_seqlens: torch.Tensor,
+        max_seqlen: int,
+        varlen: bool = False,
+        key_lengths: list[int] | None = None,
+    ) -> None:
         self.cu_seqlens = cu_seqlens
         self.max_seqlen = max_seqlen
-        # Attention through varlen_attn, decided once at start-up (see `varlen_usable`).
-        self.varlen = varlen
         bounds = cu_seqlens.tolist()
         self.starts = bounds[:-1]
         self.lengths = [b - a for a, b in itertools.pairwise(bounds)]
         self.total = bounds[-1]
+        # Sequence i's tokens attend to its first key_lengths[i] tokens only; None: to all.
+        if key_lengths is not None and key_lengths == self.lengths:
+            key_lengths = None
+        self.key_lengths = key_lengths
+        # Attention through varlen_attn, decided once at start-up (see `varlen_usable`); it
+        # has no key masks.
+        self.varlen = varlen and key_lengths is None
         by_length: dict[int, list[int]] = defaultdict(list)
-        for start, length in zip(self.starts, self.lengths, strict=False):
-            by_length[length].append(start)
+        for i, length in enumerate(self.lengths):
+            by_length[length].append(i)
         device = cu_seqlens.device
         groups = []
-        for length, starts in by_length.items():
-            if len(starts) == 1:
-                groups.append(LengthGroup(length, 1, None, starts[0]))
+        for length, members in by_length.items():
+            keys = None
+            if key_lengths is not None and any(key_lengths[i] < length for i in members):
+                limits = torch.tensor([key_lengths[i] for i in members], device=device)
+                keys = (torch.arange(length, device=device) < limits.unsqueeze(1))[:, None, None]
+            if len(members) == 1:
+                groups.append(LengthGroup(length, 1, None, self.starts[members[0]], keys=keys))
             else:
-                base = torch.tensor(starts, device=device).unsqueeze(1)
+                base = torch.tensor([self.starts[i] for i in members], device=device).unsqueeze(1)
                 index = (base + torch.arange(length, device=device)).reshape(-1)
-                groups.append(LengthGroup(length, len(starts), index, -1))
+                groups.append(LengthGroup(length, len(members), index, -1, keys=keys))
         self.groups = groups
 
     @property

@@ -47,6 +47,19 @@ def _with_bias(
     return add
 
 
+def _with_keys(
+    mask: torch.Tensor | None, keys: torch.Tensor, length: int, causal: bool
+) -> torch.Tensor:
+    """`mask` (boolean, or an additive bias) with the held-out keys masked as well."""
+    if mask is None:
+        if not causal:
+            return keys
+        mask = torch.ones(length, length, dtype=torch.bool, device=keys.device).tril()
+    if mask.dtype == torch.bool:
+        return mask & keys
+    return mask.masked_fill(~keys, float("-inf"))
+
+
 def packed_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -83,11 +96,14 @@ def packed_attention(
         qg = qg.reshape(n, L, n_heads, -1).transpose(1, 2)
         kg = kg.reshape(n, L, kv_heads, -1).transpose(1, 2)
         vg = vg.reshape(n, L, kv_heads, -1).transpose(1, 2)
-        if window is not None and bias is None and banded_from(window) <= L:
+        keys = group.keys
+        if window is not None and bias is None and keys is None and banded_from(window) <= L:
             o = _banded(qg, kg, vg, window, causal=causal, scale=scale, gqa=gqa)
             _out_rows(out, group, o.transpose(1, 2).reshape(n * L, n_heads, -1))
             continue
         mask = _with_bias(_mask(L, causal, window, q.device), bias, L, causal, q.dtype)
+        if keys is not None:
+            mask = _with_keys(mask, keys, L, causal)
         o = F.scaled_dot_product_attention(
             qg,
             kg,

@@ -14,9 +14,11 @@ from vectorpress.backends.common.calibration import calibration_batch
 from vectorpress.backends.common.dense import load_dense
 from vectorpress.backends.common.device import pick_device
 from vectorpress.backends.common.loader import load_state_dict, remap, strict_load
+from vectorpress.backends.common.multivector import colbert_outputs, load_m3_heads, m3_outputs
 from vectorpress.backends.common.pooling import (
     last_non_pad_rows,
     pool,
+    rows_of,
     splade_vectors,
 )
 from vectorpress.backends.common.sequences import PackedSequences
@@ -55,6 +57,12 @@ def build_head(spec: ModelSpec, arch: Architecture) -> tuple[nn.Module | None, H
     """The head the served task needs (none for dense embeddings), untrained, and its rules."""
     cfg = spec.config
     hidden = spec.hidden_size
+    if spec.llm_rerank is not None:
+        if cfg.get("final_logit_softcapping"):
+            raise StartupError("an LLM reranker with final logit softcapping is not supported")
+        # One output: the answer logits' difference (yes - no), or the one answer's logit.
+        head = ClassificationHead(hidden, 1, "identity", dense=False, out_bias=False)
+        return head, HeadRules(rules=(), dense=False, out_bias=False)
     if spec.kind in ("classifier", "reranker"):
         if arch.classifier is None:
             raise StartupError(f"{spec.architecture} has no classification head in vectorpress")
@@ -80,13 +88,36 @@ def _checkpoint(
     state = load_state_dict(spec.path)
     strip = tuple((f"^{re.escape(p)}", "") for p in arch.base_prefixes)
     state = remap(state, strip)
+    answer = _answer_weight(spec, state) if spec.llm_rerank is not None else None
     renames = list(rules.rules if rules else ())
     renames += [(pattern, None) for pattern in arch.ignore]
     state = remap(state, renames, default_prefix="encoder.")
     for key, source in rules.tied if rules else ():
         if key not in state and source in state:
             state[key] = state[source]
+    if answer is not None:
+        state["head.out_proj.weight"] = answer
     return state
+
+
+def _answer_weight(spec: ModelSpec, state: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The LLM reranker's one-row head: the LM head rows of the answer tokens, as yes - no.
+
+    softmax over (no, yes) at the last token is sigmoid(logit_yes - logit_no), and that
+    difference is one dot product with the difference of the two rows: the vocabulary
+    projection is never computed. The LM head is the input embeddings where they are tied.
+    """
+    llm = spec.llm_rerank
+    assert llm is not None
+    weight = state.get("lm_head.weight")
+    if weight is None:
+        weight = state.get("embed_tokens.weight")
+    if weight is None:
+        raise StartupError(f"{spec.path} has no lm_head.weight nor tied input embeddings")
+    row = weight[llm.yes_id].float()
+    if llm.no_id is not None:
+        row = row - weight[llm.no_id].float()
+    return row.unsqueeze(0)
 
 
 def build_model(spec: ModelSpec, arch: Architecture) -> ServedModel:
@@ -172,6 +203,18 @@ class TorchBackend:
         self.dense = [
             load_dense(d).eval().to(device=device, dtype=torch.float32) for d in spec.dense
         ]
+        self.m3 = (
+            load_m3_heads(spec.m3, spec.hidden_size).to(device=device, dtype=torch.float32)
+            if spec.m3 is not None
+            else None
+        )
+        self.colbert = (
+            nn.Sequential(*(load_dense(d) for d in spec.colbert.dense))
+            .eval()
+            .to(device=device, dtype=torch.float32)
+            if spec.colbert is not None
+            else None
+        )
         self.passes = CpuPasses(INT8_PASS_TOKENS if int8 else CPU_PASS_TOKENS, plan)
         if int8:
             self._quantize()
@@ -189,8 +232,9 @@ class TorchBackend:
 
     def _encode(self, batch: Batch) -> tuple[torch.Tensor, PackedSequences]:
         dev = self.device
+        keys = None if batch.key_lengths is None else batch.key_lengths.tolist()
         seqs = PackedSequences(
-            torch.from_numpy(batch.cu_seqlens).to(dev), batch.max_seqlen, self.varlen
+            torch.from_numpy(batch.cu_seqlens).to(dev), batch.max_seqlen, self.varlen, keys
         )
         inputs = (
             torch.from_numpy(batch.input_ids).to(dev),
@@ -220,7 +264,23 @@ class TorchBackend:
             hidden[seqs.starts[i] : seqs.starts[i] + seqs.lengths[i]].float().cpu().numpy()
             for i in batch.raw_indices
         ]
-        return BatchOutput(pooled, raw)
+        return BatchOutput(pooled, raw, self._multi(batch, hidden, seqs))
+
+    def _multi(
+        self, batch: Batch, hidden: torch.Tensor, seqs: PackedSequences
+    ) -> list[dict[str, np.ndarray]]:
+        which = list(batch.multi_indices)
+        if not which:
+            return []
+        rows, lengths = rows_of(hidden, seqs, which)
+        if self.colbert is not None:
+            return colbert_outputs(self.colbert, rows.float(), lengths)
+        if self.m3 is None:
+            raise StartupError(f"{self.spec.architecture} has no multi-vector head")
+        cu = batch.cu_seqlens
+        ids = np.concatenate([batch.input_ids[cu[i] : cu[i + 1]] for i in which])
+        assert self.spec.m3 is not None
+        return m3_outputs(self.m3, rows.float(), lengths, ids, self.spec.m3.unused_token_ids)
 
     @torch.inference_mode()
     def predict(self, batch: Batch) -> BatchOutput:
@@ -228,7 +288,10 @@ class TorchBackend:
         assert self.model.head is not None
         which = list(batch.pooled_indices)
         pad = self.spec.config.get("pad_token_id")
-        if self.classifier_pooling == "last_token" and pad is not None:
+        if self.spec.llm_rerank is not None:
+            # The answer comes after the prompt's very last token, whatever its id.
+            pooled = pool(hidden, seqs, "last_token", which)
+        elif self.classifier_pooling == "last_token" and pad is not None:
             pooled = hidden[last_non_pad_rows(batch.input_ids, seqs, which, int(pad))]
         else:
             pooled = pool(hidden, seqs, self.classifier_pooling, which)

@@ -78,7 +78,10 @@ def cpu_passes(seqs: PackedSequences, max_tokens: int = CPU_PASS_TOKENS) -> list
         start = seqs.starts[a]
         end = seqs.starts[b] if b < seqs.size else seqs.total
         cu = seqs.cu_seqlens[a : b + 1] - start
-        out.append(PassSlice(start, end, PackedSequences(cu, max(seqs.lengths[a:b]))))
+        keys = seqs.key_lengths[a:b] if seqs.key_lengths is not None else None
+        out.append(
+            PassSlice(start, end, PackedSequences(cu, max(seqs.lengths[a:b]), key_lengths=keys))
+        )
 
     first, used = 0, 0
     for i, n in enumerate(seqs.lengths):

@@ -5,11 +5,12 @@ from __future__ import annotations
 import io
 import json
 import logging
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from vectorpress.observability.logging import REDACTED, configure
+from vectorpress.observability.logging import REDACTED, _fields, configure
 from vectorpress.settings import Settings
 
 KEY = "sk-format-test-key"
@@ -63,3 +64,23 @@ def test_text_lines_are_redacted_too() -> None:
     text = emit(Settings.single("m", hf_token=KEY), traced=False)
     assert KEY not in text and REDACTED in text
     assert "WARNING vectorpress.test: request with <redacted> inputs=3" in text
+
+
+def test_another_librarys_private_record_attributes_stay_out() -> None:
+    """Ray's log record factory (installed when Ray Data is imported) stamps a private
+    attribute on every record; it is not a field of the line."""
+    previous = logging.getLogRecordFactory()
+
+    def stamped(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        record._ray_timestamp_ns = 1  # type: ignore[attr-defined]
+        return record
+
+    logging.setLogRecordFactory(stamped)
+    try:
+        record = logging.getLogger("vectorpress.test").makeRecord(
+            "vectorpress.test", logging.INFO, __file__, 1, "hello", (), None, extra={"inputs": 3}
+        )
+    finally:
+        logging.setLogRecordFactory(previous)
+    assert _fields(record) == {"inputs": 3}

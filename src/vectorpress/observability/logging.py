@@ -48,7 +48,9 @@ def _source(pathname: str) -> str:
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
-    return {k: v for k, v in vars(record).items() if k not in _STANDARD}
+    # A leading underscore marks another library's bookkeeping, not a caller's field: Ray's
+    # record factory stamps `_ray_timestamp_ns` on every record once Ray Data is imported.
+    return {k: v for k, v in vars(record).items() if k not in _STANDARD and not k.startswith("_")}
 
 
 class _Redacting(logging.Formatter):

@@ -20,11 +20,14 @@ import uvicorn
 from vectorpress.api.state import AppState
 from vectorpress.backends.base import Backend
 from vectorpress.backends.select import select_backend
+from vectorpress.backends.torch.passes import CPU_PASS_TOKENS
+from vectorpress.core.admission import Admission
 from vectorpress.core.infer import Infer
 from vectorpress.core.metrics import Metrics
-from vectorpress.core.queue import BatchingQueue
+from vectorpress.core.queue import BatchingQueue, LanePolicy
+from vectorpress.core.scheduler import Scheduler
 from vectorpress.core.tokenization import TokenizerPool
-from vectorpress.core.worker import BackendWorker, ModelThread, limit_malloc_arenas
+from vectorpress.core.worker import BackendWorker, limit_malloc_arenas
 from vectorpress.hub import resolve_model
 from vectorpress.model_spec import ModelSpec, load_model_spec
 from vectorpress.observability.tracing import Tracing
@@ -57,10 +60,12 @@ def build_pipeline(
     spec: ModelSpec,
     backend: Backend,
     metrics: Metrics | None = None,
-    thread: ModelThread | None = None,
+    scheduler: Scheduler | None = None,
+    server_admission: Admission | None = None,
 ) -> Infer:
-    """Queue, worker, tokenizer pool and Infer around a loaded backend; the worker is started
-    (on `thread`, the one that loaded the backend, when given)."""
+    """Queue, worker, tokenizer pool and Infer around a loaded backend, its worker added to
+    `scheduler` (the one whose device thread loaded the backend; every model of a process
+    shares it, and `server_admission`, the server-wide permits, when given)."""
     metrics = metrics or Metrics(spec.max_input_length, settings.model_name)
     metrics.set_info(backend=backend.name, dtype=backend.dtype, device=backend.device)
     max_batch_requests = backend.max_batch_size or settings.max_batch_requests
@@ -75,7 +80,14 @@ def build_pipeline(
         metrics.record_batch(batch, elapsed, backend.is_padded, ok)
 
     run = backend.embed if spec.kind == "embedding" else backend.predict
-    worker = BackendWorker(queue, run, on_batch, thread)
+    worker = BackendWorker(
+        queue,
+        run,
+        on_batch,
+        scheduler,
+        pass_tokens=bulk_pass_tokens(settings, backend),
+        weight=settings.scheduler_weight,
+    )
     tokenizers = TokenizerPool.from_folder(
         spec.path,
         max_input_length=spec.max_input_length,
@@ -95,7 +107,31 @@ def build_pipeline(
         max_client_batch_size=settings.max_client_batch_size,
         auto_truncate=settings.auto_truncate,
         metrics=metrics,
+        lanes=LanePolicy(settings.interactive_max_inputs, settings.interactive_max_tokens),
+        server_admission=server_admission,
     )
+
+
+def bulk_pass_tokens(settings: Settings, backend: Backend) -> int:
+    """The most tokens of one bulk unit. On the CPU the torch backend runs a batch as passes
+    of CPU_PASS_TOKENS anyway, so units of that size cost no throughput; a GPU keeps whole
+    batches (its preemption points come between layers)."""
+    if settings.bulk_pass_tokens is not None:
+        return min(settings.bulk_pass_tokens, settings.max_batch_tokens)
+    if backend.device == "cpu":
+        return min(CPU_PASS_TOKENS, settings.max_batch_tokens)
+    return settings.max_batch_tokens
+
+
+def make_scheduler(settings: Settings) -> Scheduler:
+    """The process's one device thread; backends are loaded and warmed up on it."""
+    return Scheduler(preempt=settings.preemption)
+
+
+def make_server_admission(settings: Settings) -> Admission | None:
+    """The server-wide permits, when --max-total-concurrent-requests caps them."""
+    cap = settings.max_total_concurrent_requests
+    return Admission(cap) if cap is not None else None
 
 
 def warm_up(backend: Backend, spec: ModelSpec, settings: Settings) -> None:
@@ -134,14 +170,20 @@ def load(settings: Settings, make_backend: BackendFactory = select_backend) -> S
         want_onnx=settings.backend == "onnx",
     )
     spec = load_model_spec(folder, settings)
-    thread = ModelThread()
+    scheduler = make_scheduler(settings)
     try:
-        backend = thread.call(lambda: make_backend(spec, settings))
-        thread.call(lambda: warm_up(backend, spec, settings))
+        backend = scheduler.call(lambda: make_backend(spec, settings))
+        scheduler.call(lambda: warm_up(backend, spec, settings))
     except BaseException:
-        thread.close()
+        scheduler.stop()
         raise
-    infer = build_pipeline(settings, spec, backend, thread=thread)
+    infer = build_pipeline(
+        settings,
+        spec,
+        backend,
+        scheduler=scheduler,
+        server_admission=make_server_admission(settings),
+    )
     tracing = Tracing.from_settings(settings)
     if tracing is not None:
         infer.tracer = tracing.tracer

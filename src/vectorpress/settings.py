@@ -89,6 +89,21 @@ class Settings:
     """Also serve TEI's gRPC API (tei.v1, health, reflection) on this port when given."""
     grpc_max_parallel_stream_requests: int = 1024
     """Most messages of one gRPC stream read and not yet answered."""
+    max_total_concurrent_requests: int | None = None
+    """Admission permits across every served model (None: only each model's own)."""
+    interactive_max_inputs: int = 32
+    """A request with at most this many inputs, and at most `interactive_max_tokens` tokens in
+    all, runs in the interactive lane unless it names its `priority`."""
+    interactive_max_tokens: int = 2048
+    """Most tokens (all inputs together) of a request that runs in the interactive lane by
+    default."""
+    bulk_pass_tokens: int | None = None
+    """Most tokens of one bulk unit the scheduler runs (None: 4,096 on the CPU, the batch
+    budget elsewhere)."""
+    scheduler_weight: float = 1.0
+    """This model's share of the device against the others' when all have bulk work."""
+    preemption: bool = True
+    """Run waiting interactive work between the layers of a bulk batch (torch backends)."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -107,6 +122,14 @@ class Settings:
         }
         if self.max_batch_requests is not None:
             positive["max-batch-requests"] = self.max_batch_requests
+        positive["interactive-max-inputs"] = self.interactive_max_inputs
+        positive["interactive-max-tokens"] = self.interactive_max_tokens
+        for name, optional in (
+            ("max-total-concurrent-requests", self.max_total_concurrent_requests),
+            ("bulk-pass-tokens", self.bulk_pass_tokens),
+        ):
+            if optional is not None:
+                positive[name] = optional
         for name, value in positive.items():
             if value <= 0:
                 raise StartupError(f"--{name} must be a positive integer, got {value}")
@@ -117,6 +140,10 @@ class Settings:
         ):
             if port is not None and not 0 <= port <= 65535:
                 raise StartupError(f"--{name} must be between 0 and 65535, got {port}")
+        if not self.scheduler_weight > 0:
+            raise StartupError(
+                f"--scheduler-weight must be a positive number, got {self.scheduler_weight}"
+            )
         if self.dtype is not None and self.dtype not in DTYPES:
             raise StartupError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.pooling is not None and self.pooling not in POOLINGS:

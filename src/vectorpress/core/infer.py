@@ -13,7 +13,7 @@ import numpy as np
 from vectorpress.core import postprocess
 from vectorpress.core.admission import Admission
 from vectorpress.core.metrics import Metrics
-from vectorpress.core.queue import BatchingQueue
+from vectorpress.core.queue import BatchingQueue, Lane, LanePolicy, parse_priority
 from vectorpress.core.tokenization import PairInput, TextInput, Token, TokenizerPool
 from vectorpress.core.worker import BackendWorker
 from vectorpress.errors import (
@@ -68,12 +68,17 @@ class Infer:
         max_client_batch_size: int,
         auto_truncate: bool,
         metrics: Metrics | None = None,
+        lanes: LanePolicy | None = None,
+        server_admission: Admission | None = None,
     ) -> None:
         self.spec = spec
         self.tokenizers = tokenizers
         self.queue = queue
         self.worker = worker
         self.admission = Admission(max_concurrent_requests)
+        self.server_admission = server_admission
+        """The permits every model shares (a server-wide cap), taken with this model's own."""
+        self.lanes = lanes or LanePolicy()
         self.max_client_batch_size = max_client_batch_size
         self.auto_truncate = auto_truncate
         self.metrics = metrics or Metrics(spec.max_input_length)
@@ -116,13 +121,12 @@ class Infer:
         kind: OutputKind,
         family: str,
         wait_for_permits: bool = False,
+        priority: Lane | str | None = None,
     ) -> _Run:
         if not self.worker.alive:
             raise UnhealthyError()
-        if wait_for_permits:
-            await self.admission.acquire(n)
-        else:
-            self.admission.try_acquire(n)
+        lane = priority if isinstance(priority, Lane) else parse_priority(priority)
+        await self._admit(n, wait_for_permits)
         try:
             self.metrics.inc(f"te_{family}_count", n)
             started = time.perf_counter()
@@ -145,7 +149,8 @@ class Infer:
                 Entry(enc, kind, loop.create_future(), loop, tokenization=tokenization)
                 for enc in encodings
             ]
-            self.queue.put(entries)
+            tokens = sum(len(e) for e in encodings)
+            self.queue.put(entries, self.lanes.lane(lane, n, tokens))
             try:
                 if len(entries) == 1:  # most requests: one loop iteration less than gather
                     values = [await entries[0].future]
@@ -168,6 +173,25 @@ class Infer:
             return _Run(list(values), encodings, timings)
         finally:
             self.admission.release(n)
+            if self.server_admission is not None:
+                self.server_admission.release(n)
+
+    async def _admit(self, n: int, wait: bool) -> None:
+        """This model's permits, then the server's (both or neither)."""
+        if wait:
+            await self.admission.acquire(n)
+        else:
+            self.admission.try_acquire(n)
+        if self.server_admission is None:
+            return
+        try:
+            if wait:
+                await self.server_admission.acquire(n)
+            else:
+                self.server_admission.try_acquire(n)
+        except BaseException:
+            self.admission.release(n)
+            raise
 
     def _record_run(
         self, family: str, entries: list[Entry], tokenization: float, total: float
@@ -237,6 +261,7 @@ class Infer:
         dimensions: int | None = None,
         wait_for_permits: bool = False,
         batch: bool | None = None,
+        priority: Lane | str | None = None,
     ) -> Result[list[np.ndarray]]:
         """Pooled vectors (Dense applied), then Matryoshka truncation, then normalization."""
 
@@ -257,6 +282,7 @@ class Infer:
                 OutputKind.POOLED,
                 "embed",
                 wait_for_permits,
+                priority,
             )
             vectors = []
             for v in run.values:
@@ -275,6 +301,7 @@ class Infer:
         prompt_name: str | None = None,
         wait_for_permits: bool = False,
         batch: bool | None = None,
+        priority: Lane | str | None = None,
     ) -> Result[list[tuple[np.ndarray, np.ndarray]]]:
         """SPLADE vectors as (indices, values) of their non-zero entries."""
 
@@ -295,6 +322,7 @@ class Infer:
                 OutputKind.POOLED,
                 "embed",
                 wait_for_permits,
+                priority,
             )
             return self._result(
                 [postprocess.sparsify(v) for v in run.values], run, self._chars(inputs)
@@ -311,6 +339,7 @@ class Infer:
         prompt_name: str | None = None,
         wait_for_permits: bool = False,
         batch: bool | None = None,
+        priority: Lane | str | None = None,
     ) -> Result[list[np.ndarray]]:
         """The last hidden state of every token, special and prompt tokens included."""
 
@@ -330,6 +359,7 @@ class Infer:
                 OutputKind.RAW,
                 "embed",
                 wait_for_permits,
+                priority,
             )
             return self._result(run.values, run, self._chars(inputs))
 
@@ -343,6 +373,7 @@ class Infer:
         truncate: bool | None = None,
         direction: Truncation = Truncation.RIGHT,
         prompt_name: str | None = None,
+        priority: Lane | str | None = None,
     ) -> Result[list[float]]:
         """Cosine similarity of each sentence with the source sentence."""
         if not sentences:
@@ -354,6 +385,7 @@ class Infer:
             direction=direction,
             prompt_name=prompt_name,
             normalize=False,
+            priority=priority,
         )
         src, *rest = result.values
         return Result(
@@ -375,6 +407,7 @@ class Infer:
         raw_scores: bool = False,
         wait_for_permits: bool = False,
         batch: bool | None = None,
+        priority: Lane | str | None = None,
     ) -> Result[list[list[tuple[str, float]]]]:
         """Per input, every (label, score) sorted by score descending."""
 
@@ -390,6 +423,7 @@ class Infer:
                 OutputKind.POOLED,
                 "predict",
                 wait_for_permits,
+                priority,
             )
             out = []
             for logits in run.values:
@@ -411,6 +445,7 @@ class Infer:
         direction: Truncation = Truncation.RIGHT,
         raw_scores: bool = False,
         wait_for_permits: bool = False,
+        priority: Lane | str | None = None,
     ) -> Result[list[tuple[int, float]]]:
         """(index, score) of each text, best first; ties put the higher index first."""
 
@@ -429,6 +464,7 @@ class Infer:
                 OutputKind.POOLED,
                 "predict",
                 wait_for_permits,
+                priority,
             )
             scores = [float(postprocess.class_scores(v, raw_scores)[0]) for v in run.values]
             ranked = [(i, scores[i]) for i in postprocess.rerank_order(scores)]
@@ -482,7 +518,7 @@ class Infer:
             probe = Encoding(ids=[0], type_ids=[0], position_offset=self.spec.position_offset)
             entry = Entry(probe, OutputKind.POOLED, loop.create_future(), loop)
             try:
-                self.queue.put([entry])
+                self.queue.put([entry], Lane.INTERACTIVE)
             except VectorpressError:
                 return False
             self._probe = entry.future

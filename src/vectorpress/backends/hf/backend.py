@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from vectorpress.backends.buckets import buckets, padded_inputs
+from vectorpress.backends.preemption import add_layer_points
 from vectorpress.backends.torch.attention import PackedSequences
 from vectorpress.backends.torch.heads import load_dense
 from vectorpress.backends.torch.pooling import pool, splade_from_logits
@@ -80,6 +81,8 @@ class HFBackend:
         except (OSError, ValueError, KeyError) as exc:
             raise StartupError(f"transformers cannot load {spec.path}: {exc}") from exc
         self.model = model.eval().to(device)
+        # Between layers, a waiting query may run (see backends/preemption.py).
+        add_layer_points(self.model)
         params = inspect.signature(self.model.forward).parameters
         self._token_types = "token_type_ids" in params
         self.dense = [

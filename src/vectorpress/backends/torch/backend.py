@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from vectorpress.backends.preemption import add_layer_points
 from vectorpress.backends.torch.attention import PackedSequences, varlen_usable
 from vectorpress.backends.torch.heads import ClassificationHead, MLMHead, load_dense
 from vectorpress.backends.torch.int8 import (
@@ -166,6 +167,8 @@ class TorchBackend:
         if isinstance(model.head, MLMHead) and device == "cpu":
             model.head.fuse()
         self.model = model
+        # Between layers, a waiting query may run (see backends/preemption.py).
+        add_layer_points(model.encoder)
         self.varlen, why = varlen_usable(device, torch_dtype)
         log.info("attention: %s (%s)", "varlen_attn" if self.varlen else "sdpa", why)
         self.dense = [

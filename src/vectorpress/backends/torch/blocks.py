@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from vectorpress.backends import preemption
 from vectorpress.backends.torch.attention import PackedSequences, packed_attention
 from vectorpress.backends.torch.layers import Activation, FusedLinear, activation
 
@@ -74,6 +75,8 @@ class FusedPostNormLayer:
         q, k, v = qkv.unbind(1)
         ctx = packed_attention(q, k, v, seqs, bias=bias).reshape(total, hidden)
         x = attn_norm(self.attn_out(ctx).add_(x))
+        # The feed-forward half is about 60% of a layer's work: a second place to switch.
+        preemption.point()
         out: torch.Tensor = ffn_norm(self.ffn_out(self.ffn_in(x)).add_(x))
         return out
 

@@ -27,7 +27,7 @@ from vectorpress.errors import VectorpressError
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[AppState, Any], Awaitable[tuple[Any, Result[Any]]]]
+Handler = Callable[[AppState, Any, str | None], Awaitable[tuple[Any, Result[Any]]]]
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class DirectRoutes:
         scope["route"] = route
         path = route.path
         try:
-            payload, result = await route.handler(self.state, body)
+            payload, result = await route.handler(self.state, body, _priority(scope))
         except VectorpressError as exc:
             await vectorpress_error_response(path, exc)(scope, receive, send)
             return
@@ -88,6 +88,14 @@ class DirectRoutes:
         headers += [(k.encode(), v.encode()) for k, v in timing_headers(result).items()]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": content})
+
+
+def _priority(scope: Scope) -> str | None:
+    """The `x-priority` header, as the FastAPI routes read it."""
+    for name, value in scope["headers"]:
+        if name == b"x-priority":
+            return str(value.decode("latin-1"))
+    return None
 
 
 def _replay(raw: bytes, receive: Receive) -> Receive:

@@ -81,6 +81,14 @@ async def _fail(context: grpc.aio.ServicerContext, exc: Exception) -> None:
     await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the server log")
 
 
+def _priority(context: grpc.aio.ServicerContext) -> str | None:
+    """The call's `x-priority` metadata, as HTTP's header: which lane its inputs wait in."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "x-priority":
+            return value if isinstance(value, str) else value.decode("latin-1")
+    return None
+
+
 class _Service:
     def __init__(self, state: AppState, max_parallel_stream_requests: int) -> None:
         self.state = state
@@ -141,7 +149,7 @@ class InfoService(_Service, pb_grpc.InfoServicer):
 
 
 class EmbedService(_Service, pb_grpc.EmbedServicer):
-    async def _embed(self, req: Any, wait: bool) -> Answer:
+    async def _embed(self, req: Any, wait: bool, priority: str | None = None) -> Answer:
         normalize = optional(req, "normalize")
         result = await self.infer.embed(
             [req.inputs],
@@ -151,17 +159,19 @@ class EmbedService(_Service, pb_grpc.EmbedServicer):
             normalize=True if normalize is None else normalize,
             dimensions=optional(req, "dimensions"),
             wait_for_permits=wait,
+            priority=priority,
         )
         vector = result.values[0]
         return pb.EmbedResponse(embeddings=vector.tolist(), metadata=metadata(result)), result
 
-    async def _sparse(self, req: Any, wait: bool) -> Answer:
+    async def _sparse(self, req: Any, wait: bool, priority: str | None = None) -> Answer:
         result = await self.infer.embed_sparse(
             [req.inputs],
             truncate=req.truncate,
             direction=direction(req.truncation_direction),
             prompt_name=optional(req, "prompt_name"),
             wait_for_permits=wait,
+            priority=priority,
         )
         indices, values = result.values[0]
         sparse = [
@@ -170,47 +180,60 @@ class EmbedService(_Service, pb_grpc.EmbedServicer):
         ]
         return pb.EmbedSparseResponse(sparse_embeddings=sparse, metadata=metadata(result)), result
 
-    async def _all(self, req: Any, wait: bool) -> Answer:
+    async def _all(self, req: Any, wait: bool, priority: str | None = None) -> Answer:
         result = await self.infer.embed_all(
             [req.inputs],
             truncate=req.truncate,
             direction=direction(req.truncation_direction),
             prompt_name=optional(req, "prompt_name"),
             wait_for_permits=wait,
+            priority=priority,
         )
         tokens = [pb.TokenEmbedding(embeddings=row) for row in result.values[0].tolist()]
         return pb.EmbedAllResponse(token_embeddings=tokens, metadata=metadata(result)), result
 
     async def Embed(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unary(context, self._embed(request, wait=False))
+        return await self._unary(
+            context, self._embed(request, wait=False, priority=_priority(context))
+        )
 
     async def EmbedStream(
         self, request_iterator: Any, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
         async for response in self._stream(
-            context, request_iterator, lambda r: self._embed(r, wait=True)
+            context,
+            request_iterator,
+            lambda r: self._embed(r, wait=True, priority=_priority(context)),
         ):
             yield response
 
     async def EmbedSparse(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unary(context, self._sparse(request, wait=False))
+        return await self._unary(
+            context, self._sparse(request, wait=False, priority=_priority(context))
+        )
 
     async def EmbedSparseStream(
         self, request_iterator: Any, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
         async for response in self._stream(
-            context, request_iterator, lambda r: self._sparse(r, wait=True)
+            context,
+            request_iterator,
+            lambda r: self._sparse(r, wait=True, priority=_priority(context)),
         ):
             yield response
 
     async def EmbedAll(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unary(context, self._all(request, wait=False))
+        return await self._unary(
+            context, self._all(request, wait=False, priority=_priority(context))
+        )
 
     async def EmbedAllStream(
         self, request_iterator: Any, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
         async for response in self._stream(
-            context, request_iterator, lambda r: self._all(r, wait=True)
+            context,
+            request_iterator,
+            lambda r: self._all(r, wait=True, priority=_priority(context)),
         ):
             yield response
 
@@ -224,31 +247,38 @@ def _pair(texts: Any) -> PairInput:
 
 
 class PredictService(_Service, pb_grpc.PredictServicer):
-    async def _predict(self, inputs: PairInput, req: Any, wait: bool) -> Answer:
+    async def _predict(
+        self, inputs: PairInput, req: Any, wait: bool, priority: str | None = None
+    ) -> Answer:
         result = await self.infer.predict(
             [inputs],
             truncate=req.truncate,
             direction=direction(req.truncation_direction),
             raw_scores=req.raw_scores,
             wait_for_permits=wait,
+            priority=priority,
         )
         predictions = [pb.Prediction(score=s, label=label) for label, s in result.values[0]]
         return pb.PredictResponse(predictions=predictions, metadata=metadata(result)), result
 
-    async def _predict_pair(self, req: Any, wait: bool) -> Answer:
-        return await self._predict(_pair(req.inputs), req, wait)
+    async def _predict_pair(self, req: Any, wait: bool, priority: str | None = None) -> Answer:
+        return await self._predict(_pair(req.inputs), req, wait, priority)
 
     async def Predict(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unary(context, self._predict(request.inputs, request, wait=False))
+        return await self._unary(
+            context, self._predict(request.inputs, request, False, _priority(context))
+        )
 
     async def PredictPair(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unary(context, self._predict_pair(request, wait=False))
+        return await self._unary(context, self._predict_pair(request, False, _priority(context)))
 
     async def PredictStream(
         self, request_iterator: Any, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
         async for response in self._stream(
-            context, request_iterator, lambda r: self._predict(r.inputs, r, wait=True)
+            context,
+            request_iterator,
+            lambda r: self._predict(r.inputs, r, True, _priority(context)),
         ):
             yield response
 
@@ -256,7 +286,7 @@ class PredictService(_Service, pb_grpc.PredictServicer):
         self, request_iterator: Any, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
         async for response in self._stream(
-            context, request_iterator, lambda r: self._predict_pair(r, True)
+            context, request_iterator, lambda r: self._predict_pair(r, True, _priority(context))
         ):
             yield response
 
@@ -267,7 +297,7 @@ class RerankService(_Service, pb_grpc.RerankServicer):
             return [pb.Rank(index=i, score=s) for i, s in order]
         return [pb.Rank(index=i, score=s, text=texts[i]) for i, s in order]
 
-    async def _rerank(self, req: Any) -> Answer:
+    async def _rerank(self, req: Any, priority: str | None = None) -> Answer:
         texts = list(req.texts)
         if not texts:
             # INVALID_ARGUMENT either way; TEI's gRPC reports this one as Validation.
@@ -280,11 +310,14 @@ class RerankService(_Service, pb_grpc.RerankServicer):
             direction=direction(req.truncation_direction),
             raw_scores=req.raw_scores,
             wait_for_permits=True,
+            priority=priority,
         )
         ranks = self._ranks(result.values, texts if req.return_text else None)
         return pb.RerankResponse(ranks=ranks, metadata=metadata(result)), result
 
-    async def _rerank_stream(self, requests: AsyncIterable[Any]) -> Answer:
+    async def _rerank_stream(
+        self, requests: AsyncIterable[Any], priority: str | None = None
+    ) -> Answer:
         self._require_reranker()
         started = time.perf_counter()
         first: list[Any] = []
@@ -300,6 +333,7 @@ class RerankService(_Service, pb_grpc.RerankServicer):
                 direction=direction(m.truncation_direction),
                 raw_scores=first[0].raw_scores,
                 wait_for_permits=True,
+                priority=priority,
             )
 
         results = [r async for r in ordered(requests, score, self.max_parallel)]
@@ -323,10 +357,10 @@ class RerankService(_Service, pb_grpc.RerankServicer):
         return pb.RerankResponse(ranks=ranks, metadata=metadata(total)), total
 
     async def Rerank(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unary(context, self._rerank(request))
+        return await self._unary(context, self._rerank(request, _priority(context)))
 
     async def RerankStream(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unary(context, self._rerank_stream(request_iterator))
+        return await self._unary(context, self._rerank_stream(request_iterator, _priority(context)))
 
 
 def _token(t: Token) -> Any:

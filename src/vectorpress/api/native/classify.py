@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from vectorpress.api.headers import timing_headers
-from vectorpress.api.native.common import json_response
+from vectorpress.api.native.common import json_response, priority_header
 from vectorpress.api.native.schemas import (
     PredictRequest,
     RerankRequest,
@@ -22,7 +22,9 @@ from vectorpress.core.infer import Result
 router = APIRouter(tags=["Text Embeddings Inference"])
 
 
-async def run_predict(state: AppState, body: PredictRequest) -> tuple[Any, Result[Any]]:
+async def run_predict(
+    state: AppState, body: PredictRequest, priority: str | None = None
+) -> tuple[Any, Result[Any]]:
     inputs, is_batch = predict_batch(body.inputs)
     result = await state.infer.predict(
         inputs,
@@ -30,6 +32,7 @@ async def run_predict(state: AppState, body: PredictRequest) -> tuple[Any, Resul
         truncate=body.truncate,
         direction=to_truncation(body.truncation_direction),
         raw_scores=body.raw_scores,
+        priority=body.lane(priority),
     )
     # float32 scalars serialize with float32's shortest digits, as TEI's f32 scores do.
     payload = [
@@ -38,13 +41,16 @@ async def run_predict(state: AppState, body: PredictRequest) -> tuple[Any, Resul
     return (payload if is_batch else payload[0]), result
 
 
-async def run_rerank(state: AppState, body: RerankRequest) -> tuple[Any, Result[Any]]:
+async def run_rerank(
+    state: AppState, body: RerankRequest, priority: str | None = None
+) -> tuple[Any, Result[Any]]:
     result = await state.infer.rerank(
         body.query,
         body.texts,
         truncate=body.truncate,
         direction=to_truncation(body.truncation_direction),
         raw_scores=body.raw_scores,
+        priority=body.lane(priority),
     )
     if body.return_text:
         payload = [
@@ -61,7 +67,7 @@ async def run_rerank(state: AppState, body: RerankRequest) -> tuple[Any, Result[
     "(sigmoid for one label, softmax otherwise)",
 )
 async def predict(body: PredictRequest, request: Request) -> Response:
-    payload, result = await run_predict(get_state(request), body)
+    payload, result = await run_predict(get_state(request), body, priority_header(request))
     return json_response(payload, timing_headers(result))
 
 
@@ -69,5 +75,5 @@ async def predict(body: PredictRequest, request: Request) -> Response:
     "/rerank", summary="Score (query, text) pairs with a cross-encoder; best first, ties by index"
 )
 async def rerank(body: RerankRequest, request: Request) -> Response:
-    payload, result = await run_rerank(get_state(request), body)
+    payload, result = await run_rerank(get_state(request), body, priority_header(request))
     return json_response(payload, timing_headers(result))

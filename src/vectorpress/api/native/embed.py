@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from vectorpress.api.headers import timing_headers
-from vectorpress.api.native.common import json_response
+from vectorpress.api.native.common import json_response, priority_header
 from vectorpress.api.native.schemas import (
     EmbedAllRequest,
     EmbedRequest,
@@ -24,7 +24,9 @@ from vectorpress.core.infer import Result
 router = APIRouter(tags=["Text Embeddings Inference"])
 
 
-async def run_embed(state: AppState, body: EmbedRequest) -> tuple[Any, Result[Any]]:
+async def run_embed(
+    state: AppState, body: EmbedRequest, priority: str | None = None
+) -> tuple[Any, Result[Any]]:
     inputs, is_batch = as_batch(body.inputs)
     result = await state.infer.embed(
         inputs,
@@ -34,11 +36,14 @@ async def run_embed(state: AppState, body: EmbedRequest) -> tuple[Any, Result[An
         prompt_name=body.prompt_name,
         normalize=body.normalize,
         dimensions=body.dimensions,
+        priority=body.lane(priority),
     )
     return result.values, result
 
 
-async def run_embed_all(state: AppState, body: EmbedAllRequest) -> tuple[Any, Result[Any]]:
+async def run_embed_all(
+    state: AppState, body: EmbedAllRequest, priority: str | None = None
+) -> tuple[Any, Result[Any]]:
     inputs, is_batch = as_batch(body.inputs)
     result = await state.infer.embed_all(
         inputs,
@@ -46,11 +51,14 @@ async def run_embed_all(state: AppState, body: EmbedAllRequest) -> tuple[Any, Re
         truncate=body.truncate,
         direction=to_truncation(body.truncation_direction),
         prompt_name=body.prompt_name,
+        priority=body.lane(priority),
     )
     return result.values, result
 
 
-async def run_embed_sparse(state: AppState, body: EmbedSparseRequest) -> tuple[Any, Result[Any]]:
+async def run_embed_sparse(
+    state: AppState, body: EmbedSparseRequest, priority: str | None = None
+) -> tuple[Any, Result[Any]]:
     inputs, is_batch = as_batch(body.inputs)
     result = await state.infer.embed_sparse(
         inputs,
@@ -58,6 +66,7 @@ async def run_embed_sparse(state: AppState, body: EmbedSparseRequest) -> tuple[A
         truncate=body.truncate,
         direction=to_truncation(body.truncation_direction),
         prompt_name=body.prompt_name,
+        priority=body.lane(priority),
     )
     # Values stay float32 scalars: they serialize with float32's shortest digits, as TEI's f32
     # values do (a Python float would print the widened double's 17).
@@ -68,7 +77,9 @@ async def run_embed_sparse(state: AppState, body: EmbedSparseRequest) -> tuple[A
     return payload, result
 
 
-async def run_similarity(state: AppState, body: SimilarityRequest) -> tuple[Any, Result[Any]]:
+async def run_similarity(
+    state: AppState, body: SimilarityRequest, priority: str | None = None
+) -> tuple[Any, Result[Any]]:
     params = body.parameters
     result = await state.infer.similarity(
         body.inputs.source_sentence,
@@ -76,29 +87,30 @@ async def run_similarity(state: AppState, body: SimilarityRequest) -> tuple[Any,
         truncate=params.truncate if params else None,
         direction=to_truncation(params.truncation_direction if params else "Right"),
         prompt_name=params.prompt_name if params else None,
+        priority=body.lane(priority),
     )
     return [np.float32(v) for v in result.values], result
 
 
 @router.post("/embed", summary="Pooled embeddings, one vector per input (normalized by default)")
 async def embed(body: EmbedRequest, request: Request) -> Response:
-    payload, result = await run_embed(get_state(request), body)
+    payload, result = await run_embed(get_state(request), body, priority_header(request))
     return json_response(payload, timing_headers(result))
 
 
 @router.post("/embed_all", summary="The last hidden state of every token of every input")
 async def embed_all(body: EmbedAllRequest, request: Request) -> Response:
-    payload, result = await run_embed_all(get_state(request), body)
+    payload, result = await run_embed_all(get_state(request), body, priority_header(request))
     return json_response(payload, timing_headers(result))
 
 
 @router.post("/embed_sparse", summary="SPLADE sparse embeddings: the non-zero (index, value)s")
 async def embed_sparse(body: EmbedSparseRequest, request: Request) -> Response:
-    payload, result = await run_embed_sparse(get_state(request), body)
+    payload, result = await run_embed_sparse(get_state(request), body, priority_header(request))
     return json_response(payload, timing_headers(result))
 
 
 @router.post("/similarity", summary="Cosine similarity of each sentence with a source sentence")
 async def similarity(body: SimilarityRequest, request: Request) -> Response:
-    payload, result = await run_similarity(get_state(request), body)
+    payload, result = await run_similarity(get_state(request), body, priority_header(request))
     return json_response(payload, timing_headers(result))

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from vectorpress.api.headers import timing_headers
-from vectorpress.api.native.common import json_response
+from vectorpress.api.native.common import json_response, priority_header
 from vectorpress.api.native.schemas import as_batch
 from vectorpress.api.openai.schemas import EmbeddingsRequest
 from vectorpress.api.state import AppState, get_state
@@ -27,13 +27,17 @@ def _b64(vector: np.ndarray) -> str:
     return base64.b64encode(vector.astype("<f4", copy=False).tobytes()).decode("ascii")
 
 
-async def run_embeddings(state: AppState, body: EmbeddingsRequest) -> tuple[Any, Result[Any]]:
+async def run_embeddings(
+    state: AppState, body: EmbeddingsRequest, priority: str | None = None
+) -> tuple[Any, Result[Any]]:
     name = state.settings.model_name
     if body.model is not None and body.model != name:
         log.warning("request asks for model %r; serving %r", body.model, name)
     inputs, is_batch = as_batch(body.input)
     # No per-request truncation here: OpenAI's API has none, so --auto-truncate decides.
-    result = await state.infer.embed(inputs, dimensions=body.dimensions, batch=is_batch)
+    result = await state.infer.embed(
+        inputs, dimensions=body.dimensions, batch=is_batch, priority=body.lane(priority)
+    )
     encode = _b64 if body.encoding_format == "base64" else (lambda v: v)
     payload = {
         "object": "list",
@@ -48,7 +52,7 @@ async def run_embeddings(state: AppState, body: EmbeddingsRequest) -> tuple[Any,
 
 
 async def embeddings(body: EmbeddingsRequest, request: Request) -> Response:
-    payload, result = await run_embeddings(get_state(request), body)
+    payload, result = await run_embeddings(get_state(request), body, priority_header(request))
     return json_response(payload, timing_headers(result))
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr
+from pydantic import ConfigDict, StrictInt, StrictStr
 
-from vectorpress.api.native.schemas import Input
+from vectorpress.api.native.schemas import Input, Prioritized
 
 
-class EmbeddingsRequest(BaseModel):
+class EmbeddingsRequest(Prioritized):
     model_config = ConfigDict(
         extra="ignore",
         json_schema_extra={"examples": [{"input": "What is Deep Learning?", "model": "my-model"}]},

@@ -19,7 +19,7 @@ from bench.corpus import SHORT_QUERY, corpus  # noqa: E402
 
 from vectorpress.backends.torch.backend import TorchBackend  # noqa: E402
 from vectorpress.model_spec import load_model_spec  # noqa: E402
-from vectorpress.settings import Settings  # noqa: E402
+from vectorpress.settings import ModelSettings  # noqa: E402
 from vectorpress.types import Batch, Encoding  # noqa: E402
 
 
@@ -45,7 +45,7 @@ def main() -> None:
     tok.enable_truncation(256)
     encs = [Encoding(ids=e.ids, type_ids=e.type_ids) for e in tok.encode_batch(texts)]
     tokens = sum(len(e) for e in encs)
-    spec = load_model_spec(model, Settings(model_id=str(model)))
+    spec = load_model_spec(model, ModelSettings(str(model)))
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     print(f"{name}: {n} texts, {tokens} tokens; model {model}")
 

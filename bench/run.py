@@ -187,10 +187,10 @@ def bare_forward_ms(model: Path, dtype: str = "float32") -> float:
 
     from vectorpress.backends.torch.backend import TorchBackend
     from vectorpress.model_spec import load_model_spec
-    from vectorpress.settings import Settings
+    from vectorpress.settings import ModelSettings
     from vectorpress.types import Batch, Encoding
 
-    spec = load_model_spec(model, Settings(model_id=str(model)))
+    spec = load_model_spec(model, ModelSettings(str(model)))
     backend = TorchBackend(spec, "cpu", dtype)
     tok = Tokenizer.from_file(str(model / "tokenizer.json"))
     tok.no_padding()  # some tokenizer.json files pad every input to a fixed length

@@ -11,7 +11,14 @@ from typing import Any
 
 from vectorpress import __version__
 from vectorpress.errors import StartupError
-from vectorpress.settings import Settings, default_tokenization_workers
+from vectorpress.settings import (
+    ModelSettings,
+    ServerSettings,
+    Settings,
+    default_tokenization_workers,
+    model_fields,
+    server_fields,
+)
 
 log = logging.getLogger("vectorpress")
 
@@ -257,7 +264,9 @@ def settings_from_args(
         values["hf_token"] = env["HF_API_TOKEN"]
     # TEI has no flag for this; the HF inference containers set TASK.
     values["task"] = env.get("TASK") or None
-    return Settings(**values)
+    server = ServerSettings(**{k: v for k, v in values.items() if k in server_fields()})
+    model = ModelSettings(**{k: v for k, v in values.items() if k in model_fields()})
+    return Settings(server, (model,))
 
 
 def configure_logging(settings: Settings) -> None:
@@ -269,10 +278,14 @@ def configure_logging(settings: Settings) -> None:
 
 
 def warn_unhonoured(settings: Settings) -> None:
-    defaults = Settings(model_id="x")
+    defaults = Settings.single("x")
     for name in NOT_YET_HONOURED:
-        if getattr(settings, name) != getattr(defaults, name):
-            log.warning("--%s is accepted but not honoured yet", name.replace("_", "-"))
+        for scope, default in (
+            (settings.server, defaults.server),
+            (settings.model, defaults.model),
+        ):
+            if hasattr(scope, name) and getattr(scope, name) != getattr(default, name):
+                log.warning("--%s is accepted but not honoured yet", name.replace("_", "-"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from vectorpress.errors import StartupError
-from vectorpress.settings import Settings
+from vectorpress.settings import ModelSettings
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ def _dense_modules(
     return tuple(out)
 
 
-def load_model_spec(folder: Path, settings: Settings) -> ModelSpec:
+def load_model_spec(folder: Path, settings: ModelSettings) -> ModelSpec:
     """Read the model's description and check it against the settings."""
     config = _read_json(folder / "config.json")
     model_type = str(config.get("model_type", ""))

@@ -31,7 +31,7 @@ from vectorpress.core.worker import BackendWorker, limit_malloc_arenas
 from vectorpress.hub import resolve_model
 from vectorpress.model_spec import ModelSpec, load_model_spec
 from vectorpress.observability.tracing import Tracing
-from vectorpress.settings import Settings
+from vectorpress.settings import ModelSettings, ServerSettings, Settings
 from vectorpress.types import Batch, Encoding, OutputKind
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,8 @@ class Served:
 
 
 def build_pipeline(
-    settings: Settings,
+    server: ServerSettings,
+    settings: ModelSettings,
     spec: ModelSpec,
     backend: Backend,
     metrics: Metrics | None = None,
@@ -103,16 +104,16 @@ def build_pipeline(
         tokenizers,
         queue,
         worker,
-        max_concurrent_requests=settings.max_concurrent_requests,
+        max_concurrent_requests=server.max_concurrent_requests,
         max_client_batch_size=settings.max_client_batch_size,
         auto_truncate=settings.auto_truncate,
         metrics=metrics,
-        lanes=LanePolicy(settings.interactive_max_inputs, settings.interactive_max_tokens),
+        lanes=LanePolicy(server.interactive_max_inputs, server.interactive_max_tokens),
         server_admission=server_admission,
     )
 
 
-def bulk_pass_tokens(settings: Settings, backend: Backend) -> int:
+def bulk_pass_tokens(settings: ModelSettings, backend: Backend) -> int:
     """The most tokens of one bulk unit. On the CPU the torch backend runs a batch as passes
     of CPU_PASS_TOKENS anyway, so units of that size cost no throughput; a GPU keeps whole
     batches (its preemption points come between layers)."""
@@ -123,18 +124,18 @@ def bulk_pass_tokens(settings: Settings, backend: Backend) -> int:
     return settings.max_batch_tokens
 
 
-def make_scheduler(settings: Settings) -> Scheduler:
+def make_scheduler(server: ServerSettings) -> Scheduler:
     """The process's one device thread; backends are loaded and warmed up on it."""
-    return Scheduler(preempt=settings.preemption)
+    return Scheduler(preempt=server.preemption)
 
 
-def make_server_admission(settings: Settings) -> Admission | None:
+def make_server_admission(server: ServerSettings) -> Admission | None:
     """The server-wide permits, when --max-total-concurrent-requests caps them."""
-    cap = settings.max_total_concurrent_requests
+    cap = server.max_total_concurrent_requests
     return Admission(cap) if cap is not None else None
 
 
-def warm_up(backend: Backend, spec: ModelSpec, settings: Settings) -> None:
+def warm_up(backend: Backend, spec: ModelSpec, settings: ModelSettings) -> None:
     """A 1-token forward (health), then one input of the max length, before the socket opens.
 
     On a GPU the whole token budget runs once, so that a budget too large for the device's
@@ -156,10 +157,11 @@ def warm_up(backend: Backend, spec: ModelSpec, settings: Settings) -> None:
         run(Batch.from_encodings([enc(spec.max_input_length)], [OutputKind.POOLED]))
 
 
-BackendFactory = Callable[[ModelSpec, Settings], Backend]
+BackendFactory = Callable[[ModelSpec, ModelSettings], Backend]
 
 
-def load(settings: Settings, make_backend: BackendFactory = select_backend) -> Served:
+def load(config: Settings, make_backend: BackendFactory = select_backend) -> Served:
+    server, settings = config.server, config.model
     limit_malloc_arenas()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     folder = resolve_model(
@@ -170,7 +172,7 @@ def load(settings: Settings, make_backend: BackendFactory = select_backend) -> S
         want_onnx=settings.backend == "onnx",
     )
     spec = load_model_spec(folder, settings)
-    scheduler = make_scheduler(settings)
+    scheduler = make_scheduler(server)
     try:
         backend = scheduler.call(lambda: make_backend(spec, settings))
         scheduler.call(lambda: warm_up(backend, spec, settings))
@@ -178,17 +180,18 @@ def load(settings: Settings, make_backend: BackendFactory = select_backend) -> S
         scheduler.stop()
         raise
     infer = build_pipeline(
+        server,
         settings,
         spec,
         backend,
         scheduler=scheduler,
-        server_admission=make_server_admission(settings),
+        server_admission=make_server_admission(server),
     )
-    tracing = Tracing.from_settings(settings)
+    tracing = Tracing.from_settings(server)
     if tracing is not None:
         infer.tracer = tracing.tracer
-        log.info("tracing to %s as %s", tracing.endpoint, settings.otlp_service_name)
-    state = AppState(infer, settings, backend.name, backend.dtype, backend.device)
+        log.info("tracing to %s as %s", tracing.endpoint, server.otlp_service_name)
+    state = AppState(infer, settings, server, backend.name, backend.dtype, backend.device)
     # Fields rather than prose, so JSON logs carry them as values (text logs append them).
     startup = {
         "model": settings.model_id,
@@ -201,11 +204,11 @@ def load(settings: Settings, make_backend: BackendFactory = select_backend) -> S
         "max_input_length": spec.max_input_length,
         "max_batch_tokens": settings.max_batch_tokens,
         "max_batch_requests": infer.queue.max_batch_requests,
-        "max_concurrent_requests": settings.max_concurrent_requests,
+        "max_concurrent_requests": server.max_concurrent_requests,
         "max_client_batch_size": settings.max_client_batch_size,
     }
     log.info("model loaded and warmed up", extra=startup)
-    return Served(settings, spec, backend, infer, state, tracing)
+    return Served(config, spec, backend, infer, state, tracing)
 
 
 def freeze_startup_objects() -> int:
@@ -272,7 +275,7 @@ class _MetricsServer(uvicorn.Server):
 async def serve(served: Served) -> None:
     from vectorpress.api.app import create_app
 
-    settings = served.settings
+    settings = served.settings.server
     app = create_app(served.state)
     config = uvicorn.Config(
         app,

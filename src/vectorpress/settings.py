@@ -1,13 +1,15 @@
-"""One frozen settings object: every operator knob, typed, defaulted and validated once.
+"""Frozen settings in two scopes: the server's, and one per served model.
 
-Built at the edge (the CLI reads flags and environment variables) and passed explicitly;
-library code never reads the environment for these values.
+Built at the edge (the CLI reads flags, environment variables and `--config`) and passed
+explicitly; library code never reads the environment for these values. Each object validates
+itself once, when it is made, and raises StartupError with one line naming the first bad value.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from vectorpress.errors import StartupError
 
@@ -16,56 +18,48 @@ POOLINGS = ("cls", "mean", "splade", "last_token")
 BACKENDS = ("auto", "torch", "hf", "onnx")
 DEVICES = ("auto", "cpu", "cuda")
 
+#: Fields whose values never appear in logs.
+SECRETS = ("hf_token", "api_key")
+
 
 def default_tokenization_workers() -> int:
     # TEI uses cores - 1 so that one core stays free for the forward pass; clamped to 1..64.
     return max(1, min(64, (os.cpu_count() or 1) - 1))
 
 
-@dataclass(frozen=True)
-class Settings:
-    """Everything an operator can set. Field docs are the CLI help text."""
+def _positive(values: dict[str, int | None], where: str = "") -> None:
+    for name, value in values.items():
+        if value is not None and value <= 0:
+            raise StartupError(f"{where}--{name} must be a positive integer, got {value}")
 
-    model_id: str
-    """Hub repo id or local folder of the model."""
-    revision: str | None = None
-    """Hub branch, tag or commit; reported verbatim as `model_sha` in /info."""
-    tokenization_workers: int = field(default_factory=default_tokenization_workers)
-    """Threads that tokenize off the event loop."""
-    dtype: str | None = None
-    """float32, float16 or bfloat16; None picks the device's default (float32 on CPU)."""
-    served_model_name: str | None = None
-    """Name echoed by the OpenAI route and /info; defaults to the model id."""
-    pooling: str | None = None
-    """cls, mean, splade or last_token; overrides 1_Pooling/config.json."""
-    max_concurrent_requests: int = 512
-    """Admission permits; each input of a request takes one, and none free means 429."""
-    max_batch_tokens: int = 16384
-    """Token budget of one forward batch (padded cost for padded backends)."""
-    max_batch_requests: int | None = None
-    """Most inputs in one forward batch."""
-    max_client_batch_size: int = 32
-    """Most inputs in one request."""
-    auto_truncate: bool = True
-    """Default of a request's `truncate` when it omits it."""
-    default_prompt_name: str | None = None
-    """Key of config_sentence_transformers.json `prompts` prepended to every input by default."""
-    default_prompt: str | None = None
-    """Literal prompt prepended to every input by default."""
-    dense_path: str | None = None
-    """A sentence-transformers Dense module folder that replaces the single listed one."""
-    hf_token: str | None = None
-    """Hub token; never logged."""
+
+def _redacted(obj: object) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for f in fields(obj):  # type: ignore[arg-type]
+        value = getattr(obj, f.name)
+        if f.name in SECRETS and value is not None:
+            value = "<redacted>"
+        out[f.name] = value
+    return out
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What the whole process shares: listeners, keys, limits, telemetry. Field docs are the
+    CLI help text."""
+
     hostname: str = "0.0.0.0"
     """Address to bind."""
     port: int = 8080
     """HTTP port."""
-    huggingface_hub_cache: str | None = None
-    """Download cache folder."""
-    payload_limit: int = 2_000_000
-    """Largest HTTP request body in bytes."""
     api_key: str | None = None
     """Bearer key required on protected routes; never logged."""
+    cors_allow_origin: tuple[str, ...] | None = None
+    """Allowed CORS origins; None or '*' allows any."""
+    payload_limit: int = 2_000_000
+    """Largest HTTP request body in bytes."""
+    max_concurrent_requests: int = 512
+    """Admission permits of each model; each input of a request takes one, none free is 429."""
     json_output: bool = False
     """One JSON object per log line."""
     disable_spans: bool = False
@@ -76,15 +70,6 @@ class Settings:
     """OpenTelemetry service.name."""
     prometheus_port: int | None = None
     """Also serve /metrics on this port when given."""
-    cors_allow_origin: tuple[str, ...] | None = None
-    """Allowed CORS origins; None or '*' allows any."""
-    backend: str = "auto"
-    """torch (native, packed), hf (transformers fallback), onnx, or auto."""
-    device: str = "auto"
-    """cpu, cuda, or auto (cuda when available)."""
-    task: str | None = None
-    """TASK (environment only, as TEI): `sentence-similarity` makes POST / and /invocations
-    answer as /similarity for embedding models."""
     grpc_port: int | None = None
     """Also serve TEI's gRPC API (tei.v1, health, reflection) on this port when given."""
     grpc_max_parallel_stream_requests: int = 1024
@@ -97,42 +82,20 @@ class Settings:
     interactive_max_tokens: int = 2048
     """Most tokens (all inputs together) of a request that runs in the interactive lane by
     default."""
-    bulk_pass_tokens: int | None = None
-    """Most tokens of one bulk unit the scheduler runs (None: 4,096 on the CPU, the batch
-    budget elsewhere)."""
-    scheduler_weight: float = 1.0
-    """This model's share of the device against the others' when all have bulk work."""
     preemption: bool = True
     """Run waiting interactive work between the layers of a bulk batch (torch backends)."""
 
     def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        """Raise StartupError with one line naming the first bad value."""
-        if not self.model_id:
-            raise StartupError("--model-id is required: no default model package is installed")
-        positive = {
-            "tokenization-workers": self.tokenization_workers,
-            "max-concurrent-requests": self.max_concurrent_requests,
-            "max-batch-tokens": self.max_batch_tokens,
-            "max-client-batch-size": self.max_client_batch_size,
-            "payload-limit": self.payload_limit,
-            "grpc-max-parallel-stream-requests": self.grpc_max_parallel_stream_requests,
-        }
-        if self.max_batch_requests is not None:
-            positive["max-batch-requests"] = self.max_batch_requests
-        positive["interactive-max-inputs"] = self.interactive_max_inputs
-        positive["interactive-max-tokens"] = self.interactive_max_tokens
-        for name, optional in (
-            ("max-total-concurrent-requests", self.max_total_concurrent_requests),
-            ("bulk-pass-tokens", self.bulk_pass_tokens),
-        ):
-            if optional is not None:
-                positive[name] = optional
-        for name, value in positive.items():
-            if value <= 0:
-                raise StartupError(f"--{name} must be a positive integer, got {value}")
+        _positive(
+            {
+                "max-concurrent-requests": self.max_concurrent_requests,
+                "payload-limit": self.payload_limit,
+                "grpc-max-parallel-stream-requests": self.grpc_max_parallel_stream_requests,
+                "max-total-concurrent-requests": self.max_total_concurrent_requests,
+                "interactive-max-inputs": self.interactive_max_inputs,
+                "interactive-max-tokens": self.interactive_max_tokens,
+            }
+        )
         for name, port in (
             ("port", self.port),
             ("prometheus-port", self.prometheus_port),
@@ -140,35 +103,178 @@ class Settings:
         ):
             if port is not None and not 0 <= port <= 65535:
                 raise StartupError(f"--{name} must be between 0 and 65535, got {port}")
+
+    def redacted(self) -> dict[str, object]:
+        return _redacted(self)
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """What one served model is and how it runs. Field docs are the CLI help text."""
+
+    model_id: str
+    """Hub repo id or local folder of the model."""
+    revision: str | None = None
+    """Hub branch, tag or commit; reported verbatim as `model_sha` in /info."""
+    served_model_name: str | None = None
+    """Name clients route by, echoed by the OpenAI route and /info; defaults to the model id."""
+    aliases: tuple[str, ...] = ()
+    """Further names clients may route by."""
+    hf_token: str | None = None
+    """Hub token; never logged."""
+    huggingface_hub_cache: str | None = None
+    """Download cache folder (exported ONNX graphs are cached beside the downloads)."""
+    backend: str = "auto"
+    """torch (native, packed), hf (transformers fallback), onnx, or auto."""
+    device: str = "auto"
+    """cpu, cuda, or auto (cuda when available)."""
+    dtype: str | None = None
+    """float32, float16, bfloat16 or int8; None picks the device's default (float32 on CPU)."""
+    pooling: str | None = None
+    """cls, mean, splade or last_token; overrides 1_Pooling/config.json."""
+    dense_path: str | None = None
+    """A sentence-transformers Dense module folder that replaces the single listed one."""
+    default_prompt_name: str | None = None
+    """Key of config_sentence_transformers.json `prompts` prepended to every input by default."""
+    default_prompt: str | None = None
+    """Literal prompt prepended to every input by default."""
+    max_batch_tokens: int = 16384
+    """Token budget of one forward batch (padded cost for padded backends)."""
+    max_batch_requests: int | None = None
+    """Most inputs in one forward batch."""
+    bulk_pass_tokens: int | None = None
+    """Most tokens of one bulk unit the scheduler runs (None: 4,096 on the CPU, the batch
+    budget elsewhere)."""
+    scheduler_weight: float = 1.0
+    """This model's share of the device against the others' when all have bulk work."""
+    max_client_batch_size: int = 32
+    """Most inputs in one request."""
+    auto_truncate: bool = True
+    """Default of a request's `truncate` when it omits it."""
+    tokenization_workers: int = field(default_factory=default_tokenization_workers)
+    """Threads that tokenize this model's inputs off the event loop."""
+    task: str | None = None
+    """TASK (environment only, as TEI): `sentence-similarity` makes POST / and /invocations
+    answer as /similarity for embedding models."""
+
+    def __post_init__(self) -> None:
+        if not self.model_id:
+            raise StartupError("--model-id is required: no default model package is installed")
+        where = "" if self.served_model_name is None else f"model {self.served_model_name}: "
+        _positive(
+            {
+                "tokenization-workers": self.tokenization_workers,
+                "max-batch-tokens": self.max_batch_tokens,
+                "max-client-batch-size": self.max_client_batch_size,
+                "max-batch-requests": self.max_batch_requests,
+                "bulk-pass-tokens": self.bulk_pass_tokens,
+            },
+            where,
+        )
         if not self.scheduler_weight > 0:
             raise StartupError(
-                f"--scheduler-weight must be a positive number, got {self.scheduler_weight}"
+                f"{where}--scheduler-weight must be a positive number, got {self.scheduler_weight}"
             )
         if self.dtype is not None and self.dtype not in DTYPES:
-            raise StartupError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+            raise StartupError(
+                f"{where}--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"
+            )
         if self.pooling is not None and self.pooling not in POOLINGS:
             raise StartupError(
-                f"--pooling must be one of cls, mean, splade, last-token, got {self.pooling!r}"
+                f"{where}--pooling must be one of cls, mean, splade, last-token, "
+                f"got {self.pooling!r}"
             )
         if self.backend not in BACKENDS:
             raise StartupError(
-                f"--backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}"
+                f"{where}--backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}"
             )
         if self.device not in DEVICES:
-            raise StartupError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+            raise StartupError(
+                f"{where}--device must be one of {', '.join(DEVICES)}, got {self.device!r}"
+            )
         if self.default_prompt is not None and self.default_prompt_name is not None:
-            raise StartupError("--default-prompt and --default-prompt-name cannot both be set")
+            raise StartupError(
+                f"{where}--default-prompt and --default-prompt-name cannot both be set"
+            )
+        for name in self.names:
+            if not name.strip() or name != name.strip():
+                raise StartupError(
+                    f"{where}model names and aliases must be non-empty, without outer spaces, "
+                    f"got {name!r}"
+                )
 
     @property
     def model_name(self) -> str:
+        """The name clients see and route by."""
         return self.served_model_name or self.model_id
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name this model answers to: its served name, then its aliases."""
+        return (self.model_name, *self.aliases)
+
+    def redacted(self) -> dict[str, object]:
+        return _redacted(self)
+
+
+_SERVER_FIELDS = frozenset(f.name for f in fields(ServerSettings))
+_MODEL_FIELDS = frozenset(f.name for f in fields(ModelSettings))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The whole process: the server's settings and the models it serves, the first being the
+    default one (what a request that names no model gets)."""
+
+    server: ServerSettings
+    models: tuple[ModelSettings, ...]
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise StartupError("no model to serve: give --model-id or --config")
+        seen: dict[str, str] = {}
+        for model in self.models:
+            for name in model.names:
+                if name in seen:
+                    raise StartupError(
+                        f"two models are named {name!r} ({seen[name]} and {model.model_id}); "
+                        "give each its own --served-model-name"
+                    )
+                seen[name] = model.model_id
+
+    @classmethod
+    def single(cls, model_id: str, **values: Any) -> Settings:
+        """One model: keyword arguments of either scope, each sent where it belongs."""
+        unknown = set(values) - _SERVER_FIELDS - _MODEL_FIELDS
+        if unknown:
+            raise TypeError(f"unknown settings: {', '.join(sorted(unknown))}")
+        server = ServerSettings(**{k: v for k, v in values.items() if k in _SERVER_FIELDS})
+        model = ModelSettings(model_id, **{k: v for k, v in values.items() if k in _MODEL_FIELDS})
+        return cls(server, (model,))
+
+    @property
+    def model(self) -> ModelSettings:
+        """The default (first) model's settings."""
+        return self.models[0]
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """Every secret value set, for log redaction."""
+        values = [self.server.api_key, *(m.hf_token for m in self.models)]
+        return tuple(v for v in values if v)
 
     def redacted(self) -> dict[str, object]:
         """The settings as a dict fit for logs: secrets replaced."""
-        out: dict[str, object] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name in ("hf_token", "api_key") and value is not None:
-                value = "<redacted>"
-            out[f.name] = value
-        return out
+        return {
+            "server": self.server.redacted(),
+            "models": [m.redacted() for m in self.models],
+        }
+
+
+def model_fields() -> frozenset[str]:
+    """The names a model's table in a `--config` file may use."""
+    return _MODEL_FIELDS
+
+
+def server_fields() -> frozenset[str]:
+    return _SERVER_FIELDS

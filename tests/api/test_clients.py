@@ -29,7 +29,7 @@ NAME = "all-minilm-test"
 
 @pytest.fixture(scope="module")
 def minilm_server(minilm: Path) -> Iterator[LiveServer]:
-    with LiveServer(Settings(model_id=str(minilm), served_model_name=NAME)) as srv:
+    with LiveServer(Settings.single(str(minilm), served_model_name=NAME)) as srv:
         yield srv
 
 

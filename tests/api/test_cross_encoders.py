@@ -55,7 +55,7 @@ def test_rerank_matches_cross_encoder(
     folder = cross_encoder_folder(arch, "reranker")
     sigmoid = cross_encoder_scores(folder, PAIRS, torch.nn.Sigmoid())
     raw = cross_encoder_scores(folder, PAIRS, torch.nn.Identity())
-    with LiveServer(Settings(model_id=str(folder))) as srv:
+    with LiveServer(Settings.single(str(folder))) as srv:
         info = httpx.get(f"{srv.url}/info").json()
         assert info["model_type"] == {
             "reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}
@@ -98,7 +98,7 @@ def test_predict_matches_transformers(
     pair_logits = cross_encoder_scores(folder, PAIRS[:2], torch.nn.Identity())
     logits = single_logits(folder, SINGLES)
     softmax = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
-    with LiveServer(Settings(model_id=str(folder))) as srv:
+    with LiveServer(Settings.single(str(folder))) as srv:
         info = httpx.get(f"{srv.url}/info").json()
         assert info["model_type"] == {
             "classifier": {
@@ -268,7 +268,7 @@ def prompted_reranker(
 def test_default_prompt_applies_to_single_texts_not_pairs(
     prompted_reranker: Path, reranker_server: LiveServer
 ) -> None:
-    settings = Settings(model_id=str(prompted_reranker), default_prompt="query: ")
+    settings = Settings.single(str(prompted_reranker), default_prompt="query: ")
     with LiveServer(settings) as srv:
         body = {"query": QUERY, "texts": TEXTS}
         assert post(srv, "/rerank", body).json() == post(reranker_server, "/rerank", body).json()
@@ -293,7 +293,7 @@ def test_nan_scores_and_an_unhealthy_backend(
     state = load_file(dest / "model.safetensors")
     state["classifier.bias"] = torch.full_like(state["classifier.bias"], float("nan"))
     save_file(state, str(dest / "model.safetensors"), metadata={"format": "pt"})
-    with LiveServer(Settings(model_id=str(dest))) as srv:
+    with LiveServer(Settings.single(str(dest))) as srv:
         body = {"query": "q", "texts": ["a", "b"]}
         assert_error(post(srv, "/rerank", body), 424, "Backend", "score is NaN")
         assert_error(post(srv, "/predict", {"inputs": "a"}), 424, "Backend", "score is NaN")

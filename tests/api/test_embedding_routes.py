@@ -388,7 +388,7 @@ def test_info_and_openapi(embedding_server: LiveServer) -> None:
 
 
 def test_default_prompt_name(embedding_folder: Path, embedding_server: LiveServer) -> None:
-    settings = Settings(model_id=str(embedding_folder), default_prompt_name="query")
+    settings = Settings.single(str(embedding_folder), default_prompt_name="query")
     with LiveServer(settings) as srv:
 
         def same(got: httpx.Response, text: str) -> None:

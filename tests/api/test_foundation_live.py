@@ -20,7 +20,7 @@ TEXTS = mixed_texts(64, seed=11)
 
 @pytest.fixture(scope="module")
 def server(minilm: Path) -> Iterator[LiveServer]:
-    with LiveServer(Settings(model_id=str(minilm), max_batch_tokens=4096)) as srv:
+    with LiveServer(Settings.single(str(minilm), max_batch_tokens=4096)) as srv:
         yield srv
 
 
@@ -155,7 +155,7 @@ def test_info_and_health(server: LiveServer) -> None:
 
 
 def test_admission_answers_429_never_hangs(minilm: Path) -> None:
-    settings = Settings(model_id=str(minilm), max_concurrent_requests=4)
+    settings = Settings.single(str(minilm), max_concurrent_requests=4)
     text = " ".join(TEXTS[3].split()[:180])
     with LiveServer(settings) as srv:
 

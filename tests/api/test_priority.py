@@ -28,7 +28,7 @@ from vectorpress.settings import Settings
 def held(minilm: Path) -> Iterator[tuple[LiveServer, FaultyBackend, Stubs]]:
     make, made = faulty_factory()
     # Two inputs at most are interactive by default, so a three-input request is bulk.
-    settings = Settings(model_id=str(minilm), interactive_max_inputs=2)
+    settings = Settings.single(str(minilm), interactive_max_inputs=2)
     with LiveServer(settings, make_backend=make, grpc=True) as srv:
         stubs = Stubs.connect(srv.grpc_target)
         backend = made[0]

@@ -23,7 +23,7 @@ LIMIT = 4096
 
 @pytest.fixture(scope="module")
 def server(embedding_folder: Path) -> Iterator[LiveServer]:
-    settings = Settings(
+    settings = Settings.single(
         model_id=str(embedding_folder),
         api_key=KEY,
         cors_allow_origin=(ALLOWED,),

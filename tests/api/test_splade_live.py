@@ -99,7 +99,7 @@ def test_roberta_family_splade_matches_sparse_encoder(
     texts = [QUERY, "a", UNRELATED * 3]
     want = SparseEncoder(str(folder), device="cpu").encode(texts, convert_to_tensor=True)
     want = want.to_dense().numpy()
-    with LiveServer(Settings(model_id=str(folder), pooling="splade")) as srv:
+    with LiveServer(Settings.single(str(folder), pooling="splade")) as srv:
         vectors = post(srv, "/embed", {"inputs": texts, "normalize": False}).json()
         np.testing.assert_allclose(vectors, want, atol=1e-5)
         sparse = post(srv, "/embed_sparse", {"inputs": "a"}).json()

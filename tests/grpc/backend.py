@@ -8,7 +8,7 @@ from collections.abc import Callable
 from vectorpress.backends.base import Backend
 from vectorpress.backends.select import select_backend
 from vectorpress.model_spec import ModelSpec
-from vectorpress.settings import Settings
+from vectorpress.settings import ModelSettings
 from vectorpress.types import Batch, BatchOutput
 
 
@@ -59,11 +59,11 @@ class GatedBackend:
         self.inner.health()
 
 
-def gated_factory() -> tuple[Callable[[ModelSpec, Settings], Backend], list[GatedBackend]]:
+def gated_factory() -> tuple[Callable[[ModelSpec, ModelSettings], Backend], list[GatedBackend]]:
     """A backend factory for LiveServer, and a list that receives the backend it builds."""
     made: list[GatedBackend] = []
 
-    def make(spec: ModelSpec, settings: Settings) -> Backend:
+    def make(spec: ModelSpec, settings: ModelSettings) -> Backend:
         backend = GatedBackend(select_backend(spec, settings))
         made.append(backend)
         return backend

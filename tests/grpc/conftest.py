@@ -27,23 +27,23 @@ def _serve(settings: Settings, **kwargs: Any) -> Iterator[tuple[LiveServer, Stub
 def minilm_grpc(minilm: Path) -> Iterator[tuple[LiveServer, Stubs]]:
     """The real all-MiniLM-L6-v2, with the permits of the 1,000-message stream test."""
     yield from _serve(
-        Settings(model_id=str(minilm), max_concurrent_requests=16, max_batch_tokens=4096)
+        Settings.single(str(minilm), max_concurrent_requests=16, max_batch_tokens=4096)
     )
 
 
 @pytest.fixture(scope="session")
 def reranker_grpc(tiny_bert_family: Callable[..., Path]) -> Iterator[tuple[LiveServer, Stubs]]:
-    yield from _serve(Settings(model_id=str(tiny_bert_family(task="reranker"))))
+    yield from _serve(Settings.single(str(tiny_bert_family(task="reranker"))))
 
 
 @pytest.fixture(scope="session")
 def classifier_grpc(tiny_bert_family: Callable[..., Path]) -> Iterator[tuple[LiveServer, Stubs]]:
-    yield from _serve(Settings(model_id=str(tiny_bert_family(task="classifier"))))
+    yield from _serve(Settings.single(str(tiny_bert_family(task="classifier"))))
 
 
 @pytest.fixture(scope="session")
 def splade_grpc() -> Iterator[tuple[LiveServer, Stubs]]:
-    yield from _serve(Settings(model_id=str(splade_path()), pooling="splade"))
+    yield from _serve(Settings.single(str(splade_path()), pooling="splade"))
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def gated_grpc(
 ) -> Iterator[tuple[LiveServer, Stubs, GatedBackend]]:
     """A tiny embedder with 4 permits whose forward passes wait for `backend.gate`."""
     make, made = gated_factory()
-    settings = Settings(model_id=str(tiny_bert_family()), max_concurrent_requests=4)
+    settings = Settings.single(str(tiny_bert_family()), max_concurrent_requests=4)
     for srv, stubs in _serve(settings, make_backend=make):
         backend = made[0]
         try:

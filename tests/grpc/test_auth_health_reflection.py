@@ -33,7 +33,7 @@ def health_of(stubs: Stubs) -> dict[str, int]:
 
 
 def test_api_key(tiny_bert_family: Callable[..., Path]) -> None:
-    settings = Settings(model_id=str(tiny_bert_family()), api_key=KEY)
+    settings = Settings.single(str(tiny_bert_family()), api_key=KEY)
     with LiveServer(settings, grpc=True) as srv:
         stubs = Stubs.connect(srv.grpc_target)
         calls: list[Callable[[list[tuple[str, str]] | None], Any]] = [
@@ -58,7 +58,7 @@ def test_api_key(tiny_bert_family: Callable[..., Path]) -> None:
                 assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
                 assert err.value.details() == "No valid auth token"
         good = [("authorization", f"Bearer {KEY}")]
-        assert stubs.info.Info(pb.InfoRequest(), metadata=good).model_id == settings.model_id
+        assert stubs.info.Info(pb.InfoRequest(), metadata=good).model_id == settings.model.model_id
         assert len(stubs.embed.Embed(pb.EmbedRequest(inputs="x"), metadata=good).embeddings)
         encode = iter([pb.EncodeRequest(inputs="x")])
         assert len(list(stubs.tokenize.TokenizeStream(encode, metadata=good))) == 1

@@ -52,7 +52,7 @@ def test_info(minilm_grpc: Server) -> None:
     srv, stubs = minilm_grpc
     info = stubs.info.Info(pb.InfoRequest())
     assert info.version == __version__
-    assert info.model_id == srv.settings.model_id
+    assert info.model_id == srv.settings.model.model_id
     assert info.model_type == pb.MODEL_TYPE_EMBEDDING
     assert info.model_dtype == "float32"
     assert info.max_concurrent_requests == 16
@@ -185,7 +185,7 @@ def test_embed_sparse_golden_dot_products(splade_grpc: Server) -> None:
 
 def test_reranker_predict_and_predict_pair(reranker_grpc: Server, tiny_bert_family: object) -> None:
     srv, stubs = reranker_grpc
-    folder = Path(srv.settings.model_id)
+    folder = Path(srv.settings.model.model_id)
     pairs = [(QUERY, p) for p in PASSAGES]
     logits = hf_logits(folder, [QUERY, *pairs])[:, 0]
     single = stubs.predict.Predict(pb.PredictRequest(inputs=QUERY))
@@ -219,7 +219,7 @@ def test_reranker_predict_and_predict_pair(reranker_grpc: Server, tiny_bert_fami
 
 def test_classifier_predict_sorted_softmax(classifier_grpc: Server) -> None:
     srv, stubs = classifier_grpc
-    folder = Path(srv.settings.model_id)
+    folder = Path(srv.settings.model.model_id)
     want = softmax(hf_logits(folder, [TEXTS[0], (QUERY, PASSAGES[0])]))
     labels = ["negative", "neutral", "positive"]
     for response, probs in (
@@ -236,7 +236,7 @@ def test_classifier_predict_sorted_softmax(classifier_grpc: Server) -> None:
 
 def test_rerank_unary_and_stream(reranker_grpc: Server) -> None:
     srv, stubs = reranker_grpc
-    folder = Path(srv.settings.model_id)
+    folder = Path(srv.settings.model.model_id)
     want = sigmoid(hf_logits(folder, [(QUERY, p) for p in PASSAGES])[:, 0])
     response, call = stubs.rerank.Rerank.with_call(
         pb.RerankRequest(query=QUERY, texts=PASSAGES, return_text=True)

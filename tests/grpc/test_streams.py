@@ -57,7 +57,7 @@ def test_one_message_in_flight_per_stream_still_answers_all(
 ) -> None:
     """GRPC_MAX_PARALLEL_STREAM_REQUESTS=1 turns a stream into request/response, in order."""
     folder = tiny_bert_family(task="reranker")
-    settings = Settings(model_id=str(folder), grpc_max_parallel_stream_requests=1)
+    settings = Settings.single(str(folder), grpc_max_parallel_stream_requests=1)
     with LiveServer(settings, grpc=True) as srv:
         stubs = Stubs.connect(srv.grpc_target)
         texts = POOL[:20]

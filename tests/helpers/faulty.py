@@ -9,7 +9,7 @@ from collections.abc import Callable
 from vectorpress.backends.base import Backend
 from vectorpress.backends.select import select_backend
 from vectorpress.model_spec import ModelSpec
-from vectorpress.settings import Settings
+from vectorpress.settings import ModelSettings
 from vectorpress.types import Batch, BatchOutput
 
 
@@ -82,11 +82,11 @@ class FaultyBackend:
         self.inner.health()
 
 
-def faulty_factory() -> tuple[Callable[[ModelSpec, Settings], Backend], list[FaultyBackend]]:
+def faulty_factory() -> tuple[Callable[[ModelSpec, ModelSettings], Backend], list[FaultyBackend]]:
     """A backend factory for LiveServer, and a list that receives the backend it builds."""
     made: list[FaultyBackend] = []
 
-    def make(spec: ModelSpec, settings: Settings) -> Backend:
+    def make(spec: ModelSpec, settings: ModelSettings) -> Backend:
         backend = FaultyBackend(select_backend(spec, settings))
         made.append(backend)
         return backend

@@ -47,7 +47,7 @@ def vp_embed(
     folder: Path, texts: Sequence[str], normalize: bool = True, **settings: Any
 ) -> list[np.ndarray]:
     """Embed in-process through the whole pipeline (tokenizer pool, queue, worker, backend)."""
-    served = load(Settings(model_id=str(folder), **settings))
+    served = load(Settings.single(str(folder), **settings))
     try:
 
         async def run() -> list[np.ndarray]:

@@ -31,7 +31,9 @@ class LiveServer:
         *,
         grpc: bool = False,
     ) -> None:
-        self.settings = replace(settings, hostname="127.0.0.1", port=0)
+        self.settings = replace(
+            settings, server=replace(settings.server, hostname="127.0.0.1", port=0)
+        )
         self.make_backend = make_backend
         self.grpc = grpc
         self.grpc_server: GrpcServer | None = None
@@ -78,8 +80,8 @@ class LiveServer:
                 self.served.state,
                 "127.0.0.1",
                 0,
-                api_key=self.settings.api_key,
-                max_parallel_stream_requests=self.settings.grpc_max_parallel_stream_requests,
+                api_key=self.settings.server.api_key,
+                max_parallel_stream_requests=self.settings.server.grpc_max_parallel_stream_requests,
             )
         try:
             await self._server.serve()

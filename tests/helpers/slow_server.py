@@ -14,7 +14,7 @@ from vectorpress.settings import Settings
 
 def main() -> None:
     port, delay = int(sys.argv[1]), float(sys.argv[2])
-    settings = Settings(
+    settings = Settings.single(
         model_id=str(minilm_path()), hostname="127.0.0.1", port=port, max_batch_requests=10
     )
     configure_logging(settings)

@@ -25,7 +25,7 @@ from vectorpress.backends.torch.attention import (
 from vectorpress.backends.torch.backend import TorchBackend
 from vectorpress.core.tokenization import TokenizerPool
 from vectorpress.model_spec import load_model_spec
-from vectorpress.settings import Settings
+from vectorpress.settings import ModelSettings
 from vectorpress.types import Batch
 
 needs_cuda = pytest.mark.skipif(
@@ -45,7 +45,7 @@ def test_start_up_choice_is_logged_and_cpu_keeps_sdpa(
     assert not varlen_usable("cuda", torch.float32)[0]
     folder = tiny("modernbert")
     with caplog.at_level("INFO", logger="vectorpress.backends.torch.backend"):
-        backend = TorchBackend(load_model_spec(folder, Settings(model_id=str(folder))), "cpu")
+        backend = TorchBackend(load_model_spec(folder, ModelSettings(str(folder))), "cpu")
     assert backend.varlen is False
     assert any("attention: sdpa (not on CUDA)" in r.getMessage() for r in caplog.records)
 
@@ -94,7 +94,7 @@ def test_cuda_half_model_equals_cpu_float32(
 ) -> None:
     pooling = "last_token" if arch in ("qwen3", "mistral") else "mean"
     folder = tiny(arch, "embedding", pooling)
-    spec = load_model_spec(folder, Settings(model_id=str(folder)))
+    spec = load_model_spec(folder, ModelSettings(str(folder)))
     pool = TokenizerPool.from_folder(
         folder,
         max_input_length=spec.max_input_length,

@@ -33,7 +33,7 @@ def test_embed_over_http_matches_transformers(
     folder = tiny(arch, "embedding", pooling)
     want = transformers_embed(folder, TEXTS, pooling)
     with caplog.at_level(logging.INFO, logger="vectorpress.backends.select"):
-        server = LiveServer(Settings(model_id=str(folder)))
+        server = LiveServer(Settings.single(str(folder)))
         with server:
             assert server.served is not None and server.served.backend.name == "hf"
             response = httpx.post(f"{server.url}/embed", json={"inputs": TEXTS}, timeout=60)
@@ -51,7 +51,7 @@ def test_predict_over_http_matches_transformers(tiny: Callable[..., Path], arch:
     inputs = [TEXTS[0], TEXTS[3], "Hello world!"]
     want = transformers_logits(folder, inputs, max_length=512)
     labels = ["negative", "neutral", "positive"]
-    with LiveServer(Settings(model_id=str(folder))) as server:
+    with LiveServer(Settings.single(str(folder))) as server:
         assert server.served is not None and server.served.backend.name == "hf"
         got = []
         for text in inputs:
@@ -74,7 +74,7 @@ def test_predict_over_http_matches_transformers(tiny: Callable[..., Path], arch:
 def test_fallback_serves_when_asked_for_a_native_architecture(tiny: Callable[..., Path]) -> None:
     """--backend hf wins over the registry: the escape hatch when a native model misbehaves."""
     folder = tiny("bert", "embedding", "cls")
-    with LiveServer(Settings(model_id=str(folder), backend="hf")) as server:
+    with LiveServer(Settings.single(str(folder), backend="hf")) as server:
         assert server.served is not None and server.served.backend.name == "hf"
         response = httpx.post(f"{server.url}/embed", json={"inputs": TEXTS}, timeout=60)
     assert response.status_code == 200
@@ -95,7 +95,7 @@ def test_native_type_with_rotary_scaling_it_lacks_goes_to_the_fallback(
     folder = tiny("qwen2", "embedding", "last_token", rope_parameters=yarn)
     want = transformers_embed(folder, TEXTS, "last_token")
     with caplog.at_level(logging.INFO, logger="vectorpress.backends.select"):
-        server = LiveServer(Settings(model_id=str(folder)))
+        server = LiveServer(Settings.single(str(folder)))
         with server:
             assert server.served is not None and server.served.backend.name == "hf"
             response = httpx.post(f"{server.url}/embed", json={"inputs": TEXTS}, timeout=60)
@@ -113,7 +113,7 @@ def test_decoder_classifier_without_pad_token_is_scored_one_by_one(
     folder = tiny("qwen2", "reranker", pad_token_id=None)
     inputs = [TEXTS[0], ("what is a magnet?", TEXTS[2]), "Hello world!", TEXTS[4]]
     want = transformers_logits(folder, inputs, max_length=512)
-    with LiveServer(Settings(model_id=str(folder), backend="hf")) as server:
+    with LiveServer(Settings.single(str(folder), backend="hf")) as server:
         assert server.served is not None and server.served.backend.max_batch_size == 1
         response = httpx.post(
             f"{server.url}/predict",
@@ -135,7 +135,7 @@ def test_bfloat16_is_honoured_and_close_to_float32(
     pooling = "last_token" if arch == "qwen3" else "cls"
     folder = tiny(arch, "embedding", pooling)
     want = transformers_embed(folder, TEXTS, pooling)
-    with LiveServer(Settings(model_id=str(folder), dtype="bfloat16")) as server:
+    with LiveServer(Settings.single(str(folder), dtype="bfloat16")) as server:
         assert server.served is not None
         assert (server.served.backend.name, server.served.backend.dtype) == (backend, "bfloat16")
         model = server.served.backend.model  # type: ignore[attr-defined]
@@ -157,8 +157,8 @@ def test_the_fallback_runs_length_buckets_of_bounded_size(
     shapes: list[tuple[int, ...]] = []
     for task, pooling in (("embedding", "mean"), ("mlm", "splade")):
         folder = tiny("electra", task, "mean")
-        settings = Settings(model_id=str(folder), pooling=pooling, backend="hf")
-        backend = hf_backend.HFBackend(load_model_spec(folder, settings))
+        settings = Settings.single(str(folder), pooling=pooling, backend="hf")
+        backend = hf_backend.HFBackend(load_model_spec(folder, settings.model))
         model = backend.model
 
         def watched(model: Any = model, **inputs: torch.Tensor) -> Any:

@@ -20,7 +20,7 @@ from tests.models.test_zoo import DECODERS
 from vectorpress.backends.torch.backend import TorchBackend
 from vectorpress.backends.torch.layers import fused_linears, onednn_supported
 from vectorpress.model_spec import load_model_spec
-from vectorpress.settings import Settings
+from vectorpress.settings import ModelSettings
 
 ARCHS = ("distilbert", "mpnet", "modernbert", "qwen2", "qwen3", "mistral", "llama", "gemma3_text")
 
@@ -33,7 +33,7 @@ def _embed(backend: TorchBackend, folder: Path, texts: list[str]) -> np.ndarray:
 def test_every_linear_runs_fused_and_matches_f_linear(tiny: Callable[..., Path], arch: str) -> None:
     # The pooling test_zoo uses: the same session checkpoint, built once.
     folder = tiny(arch, "embedding", "last_token" if arch in DECODERS else "mean")
-    spec = load_model_spec(folder, Settings(model_id=str(folder)))
+    spec = load_model_spec(folder, ModelSettings(str(folder)))
     backend = TorchBackend(spec, "cpu", "float32")
     encoder = backend.model.encoder
     # The backend may have settled on F.linear by timing both (passes.pick_linear_kernel):
@@ -77,7 +77,7 @@ def test_every_linear_runs_fused_and_matches_f_linear(tiny: Callable[..., Path],
 @pytest.mark.parametrize("arch", ARCHS)
 def test_int8_serves_every_native_architecture(tiny: Callable[..., Path], arch: str) -> None:
     folder = tiny(arch, "embedding", "last_token" if arch in DECODERS else "mean")
-    spec = load_model_spec(folder, Settings(model_id=str(folder)))
+    spec = load_model_spec(folder, ModelSettings(str(folder)))
     texts = [*mixed_texts(12, seed=5, long_share=0.3), "a", "Hello world!"]
     want = _embed(TorchBackend(spec, "cpu", "float32"), folder, texts)
     backend = TorchBackend(spec, "cpu", "int8")

@@ -31,7 +31,7 @@ def mpnet() -> Path:
 
 @pytest.fixture(scope="module")
 def server(mpnet: Path) -> Iterator[LiveServer]:
-    with LiveServer(Settings(model_id=str(mpnet))) as srv:
+    with LiveServer(Settings.single(str(mpnet))) as srv:
         yield srv
 
 

@@ -44,7 +44,7 @@ PAIRS: list[str | tuple[str, str]] = [
 
 @contextmanager
 def served(folder: Path, **settings: Any) -> Iterator[Served]:
-    s = load(Settings(model_id=str(folder), **settings))
+    s = load(Settings.single(str(folder), **settings))
     try:
         yield s
     finally:

@@ -17,7 +17,7 @@ def test_health_probes_after_a_failed_batch_and_is_cheap_after_good_work(
     tiny_bert_family: Callable[..., Path],
 ) -> None:
     make, made = faulty_factory()
-    settings = Settings(model_id=str(tiny_bert_family("bert", "embedding", "mean")))
+    settings = Settings.single(str(tiny_bert_family("bert", "embedding", "mean")))
     with LiveServer(settings, make_backend=make) as srv:
         backend = made[0]
         backend.batches.clear()

@@ -39,7 +39,7 @@ def emit(settings: Settings, traced: bool) -> str:
 
 
 def test_json_line_has_fields_and_the_current_span() -> None:
-    text = emit(Settings(model_id="m", json_output=True, api_key=KEY), traced=True)
+    text = emit(Settings.single("m", json_output=True, api_key=KEY), traced=True)
     lines = [json.loads(line) for line in text.splitlines()]
     assert len(lines) == 2, text
     first = lines[0]
@@ -53,13 +53,13 @@ def test_json_line_has_fields_and_the_current_span() -> None:
 
 
 def test_disable_spans_leaves_span_fields_out() -> None:
-    settings = Settings(model_id="m", json_output=True, disable_spans=True, api_key=KEY)
+    settings = Settings.single("m", json_output=True, disable_spans=True, api_key=KEY)
     first = json.loads(emit(settings, traced=True).splitlines()[0])
     assert "span" not in first and "spans" not in first
     assert trace.get_current_span().is_recording() is False
 
 
 def test_text_lines_are_redacted_too() -> None:
-    text = emit(Settings(model_id="m", hf_token=KEY), traced=False)
+    text = emit(Settings.single("m", hf_token=KEY), traced=False)
     assert KEY not in text and REDACTED in text
     assert "WARNING vectorpress.test: request with <redacted> inputs=3" in text

@@ -46,7 +46,7 @@ def test_every_tei_metric_with_counts_matching_the_traffic(
     tiny_bert_family: Callable[..., Path],
 ) -> None:
     folder = tiny_bert_family("bert", "embedding", "mean")
-    settings = Settings(
+    settings = Settings.single(
         model_id=str(folder), max_concurrent_requests=4, api_key=KEY, served_model_name="tiny"
     )
     texts = sentences()[:20]
@@ -132,7 +132,7 @@ def test_every_tei_metric_with_counts_matching_the_traffic(
 
 def test_predict_traffic_counts_each_request_once(tiny_bert_family: Callable[..., Path]) -> None:
     folder = tiny_bert_family("bert", "classifier")
-    with LiveServer(Settings(model_id=str(folder))) as srv:
+    with LiveServer(Settings.single(str(folder))) as srv:
         single = httpx.post(f"{srv.url}/predict", json={"inputs": "one text"}, timeout=60)
         batch = httpx.post(
             f"{srv.url}/predict", json={"inputs": [["a"], ["b"], ["c", "d"]]}, timeout=60
@@ -154,7 +154,7 @@ def test_rerank_is_a_batch_request_whatever_its_size(
     tiny_bert_family: Callable[..., Path],
 ) -> None:
     folder = tiny_bert_family("bert", "reranker")
-    with LiveServer(Settings(model_id=str(folder))) as srv:
+    with LiveServer(Settings.single(str(folder))) as srv:
         for texts in (["only one"], ["one", "two", "three"]):
             response = httpx.post(
                 f"{srv.url}/rerank", json={"query": "q", "texts": texts}, timeout=60
@@ -201,7 +201,7 @@ def test_a_gone_client_counts_as_one_dropped_request_and_input(
 ) -> None:
     make, made = faulty_factory()
     folder = tiny_bert_family("bert", "embedding", "mean")
-    with LiveServer(Settings(model_id=str(folder), max_batch_requests=1), make) as srv:
+    with LiveServer(Settings.single(str(folder), max_batch_requests=1), make) as srv:
         backend = made[0]
         backend.delay = 1.0
 

@@ -43,7 +43,7 @@ def folder(tiny_bert_family: Callable[..., Path]) -> Path:
 def test_http_request_spans_follow_the_callers_trace(folder: Path) -> None:
     header, caller_trace, caller_span = traceparent()
     with OtlpReceiver() as receiver:
-        settings = Settings(
+        settings = Settings.single(
             model_id=str(folder), otlp_endpoint=receiver.endpoint, otlp_service_name="vp-test"
         )
         with LiveServer(settings) as srv:
@@ -87,7 +87,7 @@ def test_tei_grpc_call_spans_follow_the_metadata_traceparent(folder: Path) -> No
 
     header, caller_trace, caller_span = traceparent()
     with OtlpReceiver() as receiver:
-        settings = Settings(model_id=str(folder), otlp_endpoint=receiver.endpoint)
+        settings = Settings.single(str(folder), otlp_endpoint=receiver.endpoint)
         with (
             LiveServer(settings, grpc=True) as srv,
             grpc.insecure_channel(srv.grpc_target) as channel,
@@ -144,7 +144,7 @@ def test_no_span_object_is_created_without_an_endpoint(
 
         monkeypatch.setattr(cls, "__init__", counting)
 
-    with LiveServer(Settings(model_id=str(folder))) as srv:
+    with LiveServer(Settings.single(str(folder))) as srv:
         assert srv.infer.tracer is None
         header, _, _ = traceparent()
         response = httpx.post(
@@ -168,7 +168,7 @@ def test_the_instrumented_counter_sees_spans_when_tracing_is_on(
 
     monkeypatch.setattr(sdk_trace.Span, "__init__", counting)
     with OtlpReceiver() as receiver:
-        settings = Settings(model_id=str(folder), otlp_endpoint=receiver.endpoint)
+        settings = Settings.single(str(folder), otlp_endpoint=receiver.endpoint)
         with LiveServer(settings) as srv:
             assert httpx.post(f"{srv.url}/embed", json={"inputs": "a"}).status_code == 200
     assert len(created) >= 4

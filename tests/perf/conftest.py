@@ -11,7 +11,7 @@ from bench.corpus import corpus
 from tests.helpers.batches import pooled, tokenized_batches
 from vectorpress.backends.torch.backend import TorchBackend
 from vectorpress.model_spec import load_model_spec
-from vectorpress.settings import Settings
+from vectorpress.settings import ModelSettings
 from vectorpress.types import Batch
 
 
@@ -24,5 +24,5 @@ def corpus_batches(minilm: Path) -> list[Batch]:
 @pytest.fixture(scope="session")
 def corpus_fp32(minilm: Path, corpus_batches: list[Batch]) -> np.ndarray:
     """MiniLM's float32 vectors of `corpus_batches` on the torch backend."""
-    spec = load_model_spec(minilm, Settings(model_id=str(minilm)))
+    spec = load_model_spec(minilm, ModelSettings(str(minilm)))
     return pooled(TorchBackend(spec, "cpu", "float32"), corpus_batches)

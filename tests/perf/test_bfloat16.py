@@ -11,14 +11,14 @@ from tests.helpers.batches import pooled, tokenized_batches
 from tests.helpers.reference import assert_close_vectors
 from vectorpress.backends.torch.backend import TorchBackend
 from vectorpress.model_spec import load_model_spec
-from vectorpress.settings import Settings
+from vectorpress.settings import ModelSettings
 
 
 def test_bfloat16_within_0999_of_float32_on_a_corpus_sample(minilm: Path) -> None:
     # Every tenth text of the benchmark corpus: its mix of short, medium and long (truncated)
     # inputs.
     batches = tokenized_batches(minilm, corpus(400, seed=0)[::10])
-    spec = load_model_spec(minilm, Settings(model_id=str(minilm)))
+    spec = load_model_spec(minilm, ModelSettings(str(minilm)))
     vectors = {
         dtype: pooled(TorchBackend(spec, "cpu", dtype), batches)
         for dtype in ("float32", "bfloat16")

@@ -14,7 +14,7 @@ from tests.helpers.texts import mixed_texts
 from vectorpress.backends.torch.backend import TorchBackend
 from vectorpress.backends.torch.layers import _ONEDNN_POSTOPS, FusedLinear, onednn_supported
 from vectorpress.model_spec import load_model_spec
-from vectorpress.settings import Settings
+from vectorpress.settings import ModelSettings
 from vectorpress.types import Batch, Encoding
 
 
@@ -63,7 +63,7 @@ def test_unknown_activation_falls_back_unfused() -> None:
 
 
 def test_fast_model_matches_the_f_linear_model_and_sentence_transformers(minilm: Path) -> None:
-    spec = load_model_spec(minilm, Settings(model_id=str(minilm)))
+    spec = load_model_spec(minilm, ModelSettings(str(minilm)))
     backend = TorchBackend(spec, "cpu", "float32")
     backend.model.encoder.fuse(True)
     layer = backend.model.encoder.encoder.layer[0]
@@ -86,7 +86,7 @@ def test_a_big_batch_in_several_cpu_passes_equals_one_pass(
     from vectorpress.backends.torch import passes as passes_module
     from vectorpress.backends.torch.attention import PackedSequences
 
-    spec = load_model_spec(minilm, Settings(model_id=str(minilm)))
+    spec = load_model_spec(minilm, ModelSettings(str(minilm)))
     backend = TorchBackend(spec, "cpu", "float32")
     encodings = _encodings(minilm, mixed_texts(60, seed=5))
     total = sum(len(e) for e in encodings)
@@ -127,7 +127,7 @@ def test_kernels_and_threads_are_planned_by_timing_the_model(
     from vectorpress.backends.torch import layers, passes
     from vectorpress.backends.torch.passes import PassPlan, plan_passes
 
-    spec = load_model_spec(minilm, Settings(model_id=str(minilm)))
+    spec = load_model_spec(minilm, ModelSettings(str(minilm)))
     backend = TorchBackend(spec, "cpu", "float32")
     encoder = backend.model.encoder
     # Both kernels stay ready; each pass takes the one planned for its size.
@@ -190,7 +190,7 @@ def test_kernels_and_threads_are_planned_by_timing_the_model(
 def test_padded_passes_give_the_vectors_of_exact_ones(minilm: Path) -> None:
     from vectorpress.backends.torch.passes import CpuPasses, PassPlan, bucket_rows
 
-    spec = load_model_spec(minilm, Settings(model_id=str(minilm)))
+    spec = load_model_spec(minilm, ModelSettings(str(minilm)))
     backend = TorchBackend(spec, "cpu", "float32")
     backend.model.encoder.fuse(True)
     encodings = _encodings(minilm, mixed_texts(30, seed=11))

@@ -21,13 +21,13 @@ from vectorpress.backends.torch.backend import TorchBackend
 from vectorpress.backends.torch.layers import fused_linears
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import load_model_spec
-from vectorpress.settings import Settings
+from vectorpress.settings import ModelSettings, Settings
 from vectorpress.types import Batch
 
 
 @pytest.fixture(scope="module")
 def int8_minilm(minilm: Path) -> TorchBackend:
-    return TorchBackend(load_model_spec(minilm, Settings(model_id=str(minilm))), "cpu", "int8")
+    return TorchBackend(load_model_spec(minilm, ModelSettings(str(minilm))), "cpu", "int8")
 
 
 @pytest.mark.slow
@@ -52,7 +52,7 @@ def test_an_int8_vector_does_not_depend_on_its_batch_mates(
 def test_int8_over_http_is_close_to_sentence_transformers(minilm: Path) -> None:
     texts = ["what is the capital of Australia", *corpus(6, seed=9)]
     want = st_encode(minilm, texts)
-    with LiveServer(Settings(model_id=str(minilm), dtype="int8")) as server:
+    with LiveServer(Settings.single(str(minilm), dtype="int8")) as server:
         info = httpx.get(f"{server.url}/info").json()
         got = httpx.post(f"{server.url}/embed", json={"inputs": texts}, timeout=30).json()
     assert info["model_dtype"] == "int8"
@@ -71,15 +71,15 @@ def test_int8_is_refused_where_it_cannot_run(
     tiny_bert_family: Callable[..., Path], options: dict[str, str], message: str
 ) -> None:
     folder = tiny_bert_family()
-    settings = Settings(model_id=str(folder), dtype="int8", **options)  # type: ignore[arg-type]
-    spec = load_model_spec(folder, settings)
+    settings = Settings.single(str(folder), dtype="int8", **options)  # type: ignore[arg-type]
+    spec = load_model_spec(folder, settings.model)
     if options == {"device": "cuda"}:
         with pytest.raises(StartupError, match=message):
             TorchBackend(spec, "cuda", "int8")
         return
     if options.get("backend") == "onnx":  # select_backend would refuse the missing GPU first
         with pytest.raises(StartupError, match=message):
-            OnnxBackend(spec, settings)
+            OnnxBackend(spec, settings.model)
         return
     with pytest.raises(StartupError, match=message):
-        select_backend(spec, settings)
+        select_backend(spec, settings.model)

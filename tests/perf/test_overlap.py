@@ -24,7 +24,7 @@ def _queue_size(url: str) -> float:
 
 def test_the_next_request_is_tokenized_and_queued_during_a_forward_pass(minilm: Path) -> None:
     make, made = faulty_factory()
-    settings = Settings(model_id=str(minilm), max_batch_requests=1)
+    settings = Settings.single(str(minilm), max_batch_requests=1)
     with LiveServer(settings, make_backend=make) as srv, ThreadPoolExecutor(2) as pool:
         backend = made[0]
         url = f"{srv.url}/embed"

@@ -133,7 +133,7 @@ def _check(
 
 @pytest.fixture(scope="module")
 def embedding_server(minilm: Path) -> Iterator[LiveServer]:
-    settings = Settings(model_id=str(minilm), max_client_batch_size=BATCH, payload_limit=LIMIT)
+    settings = Settings.single(str(minilm), max_client_batch_size=BATCH, payload_limit=LIMIT)
     with LiveServer(settings) as srv:
         yield srv
 
@@ -159,7 +159,7 @@ def test_reranker_routes_refuse_bad_input_and_keep_serving(
     tiny_bert_family: Callable[..., Path],
 ) -> None:
     folder = tiny_bert_family("bert", "reranker")
-    settings = Settings(model_id=str(folder), max_client_batch_size=BATCH)
+    settings = Settings.single(str(folder), max_client_batch_size=BATCH)
     with LiveServer(settings) as srv:
         good = {"query": "what is it", "texts": ["this", "that"]}
         reference = httpx.post(f"{srv.url}/rerank", json=good).json()

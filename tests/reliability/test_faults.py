@@ -22,7 +22,7 @@ POISON_ID = 9947  # "poison" in the MiniLM vocabulary
 @pytest.fixture
 def faulty(minilm: Path) -> Iterator[tuple[LiveServer, FaultyBackend]]:
     make, made = faulty_factory()
-    settings = Settings(model_id=str(minilm), max_batch_requests=1, max_concurrent_requests=64)
+    settings = Settings.single(str(minilm), max_batch_requests=1, max_concurrent_requests=64)
     with LiveServer(settings, make_backend=make) as srv:
         backend = made[0]
         backend.batches.clear()
@@ -71,7 +71,7 @@ def test_dead_worker_makes_health_503_and_requests_fail_fast(
 
 def test_out_of_memory_splits_the_batch_before_failing(minilm: Path) -> None:
     make, made = faulty_factory()
-    settings = Settings(model_id=str(minilm), max_concurrent_requests=64)
+    settings = Settings.single(str(minilm), max_concurrent_requests=64)
     with LiveServer(settings, make_backend=make) as srv:
         backend = made[0]
         backend.batches.clear()

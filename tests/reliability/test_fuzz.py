@@ -40,7 +40,7 @@ def server(
     request: pytest.FixtureRequest, tiny_bert_family: Callable[..., Path]
 ) -> Iterator[LiveServer]:
     folder = tiny_bert_family("bert", request.param)
-    with LiveServer(Settings(model_id=str(folder), max_client_batch_size=8)) as srv:
+    with LiveServer(Settings.single(str(folder), max_client_batch_size=8)) as srv:
         yield srv
 
 

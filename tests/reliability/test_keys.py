@@ -42,7 +42,7 @@ PROTECTED = [
 
 @pytest.fixture(scope="module")
 def server(minilm: Path) -> Iterator[LiveServer]:
-    with LiveServer(Settings(model_id=str(minilm), api_key=KEY, hf_token=HF_TOKEN)) as srv:
+    with LiveServer(Settings.single(str(minilm), api_key=KEY, hf_token=HF_TOKEN)) as srv:
         yield srv
 
 

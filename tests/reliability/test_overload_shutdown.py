@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_ten_times_the_permits_get_200_or_429_and_the_server_recovers(minilm: Path) -> None:
     n = 4
     texts = mixed_texts(40, seed=5)
-    with LiveServer(Settings(model_id=str(minilm), max_concurrent_requests=n)) as srv:
+    with LiveServer(Settings.single(str(minilm), max_concurrent_requests=n)) as srv:
 
         async def client(http: httpx.AsyncClient, i: int) -> httpx.Response:
             payload = {"inputs": texts[i] if i % 3 else texts[i : i + 2]}

@@ -26,7 +26,7 @@ from vectorpress.core.scheduler import Scheduler
 from vectorpress.errors import BackendError, UnhealthyError
 from vectorpress.model_spec import ModelSpec, load_model_spec
 from vectorpress.server import build_pipeline
-from vectorpress.settings import Settings
+from vectorpress.settings import ModelSettings, ServerSettings
 from vectorpress.types import Encoding, Entry, OutputKind
 
 PASSAGE = " ".join(["water"] * 25)  # 27 tokens with [CLS] and [SEP]
@@ -48,7 +48,7 @@ class Loaded:
 @pytest.fixture(scope="module")
 def loaded(minilm: Path) -> Loaded:
     """all-MiniLM-L6-v2 loaded once: each test's pipelines wrap it in their own FaultyBackend."""
-    settings = Settings(model_id=str(minilm))
+    settings = ModelSettings(str(minilm))
     spec = load_model_spec(minilm, settings)
     return Loaded(spec, select_backend(spec, settings))
 
@@ -67,8 +67,8 @@ class Rig:
         values: dict[str, object] = {"bulk_pass_tokens": 64, "tokenization_workers": 1}
         values.update(settings)
         backend = FaultyBackend(self.inner)
-        ms = Settings(model_id=str(self.minilm), **values)  # type: ignore[arg-type]
-        infer = build_pipeline(ms, self.spec, backend, scheduler=self.scheduler)
+        ms = ModelSettings(str(self.minilm), **values)  # type: ignore[arg-type]
+        infer = build_pipeline(ServerSettings(), ms, self.spec, backend, scheduler=self.scheduler)
         model = Model(infer, backend)
         self.models.append(model)
         return model

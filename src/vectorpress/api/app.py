@@ -56,7 +56,7 @@ def create_app(state: AppState) -> FastAPI:
     app.include_router(openai_router)
     app.include_router(health_router)
     app.include_router(metrics_router)
-    settings = state.settings
+    settings = state.server
     openapi.install(app, protected=settings.api_key is not None)
     # Middleware added last runs first: CORS answers preflights before the key is checked.
     app.add_middleware(DirectRoutes, state=state, routes=direct_routes(state))

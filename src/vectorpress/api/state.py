@@ -9,13 +9,14 @@ from fastapi import Request
 
 from vectorpress import __version__
 from vectorpress.core.infer import Infer
-from vectorpress.settings import Settings
+from vectorpress.settings import ModelSettings, ServerSettings
 
 
 @dataclass
 class AppState:
     infer: Infer
-    settings: Settings
+    settings: ModelSettings
+    server: ServerSettings
     backend_name: str = ""
     dtype: str = "float32"
     device: str = "cpu"
@@ -30,7 +31,7 @@ class AppState:
             "model_dtype": self.dtype,
             "served_model_name": self.settings.model_name,
             "model_type": spec.info_model_type(),
-            "max_concurrent_requests": self.settings.max_concurrent_requests,
+            "max_concurrent_requests": self.server.max_concurrent_requests,
             "max_input_length": spec.max_input_length,
             "max_batch_tokens": queue.max_batch_tokens,
             "max_batch_requests": queue.max_batch_requests,

@@ -12,12 +12,12 @@ import logging
 from vectorpress.backends.base import Backend
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec
-from vectorpress.settings import Settings
+from vectorpress.settings import ModelSettings
 
 log = logging.getLogger(__name__)
 
 
-def select_backend(spec: ModelSpec, settings: Settings) -> Backend:
+def select_backend(spec: ModelSpec, settings: ModelSettings) -> Backend:
     from vectorpress.backends.torch.backend import TorchBackend, pick_device
     from vectorpress.backends.torch.registry import lookup
 

@@ -118,10 +118,10 @@ def configure(
     settings: Settings, stream: TextIO | None = None, level: str = "info"
 ) -> logging.Handler:
     """Install one handler on the root logger, at `level` (the CLI passes LOG_LEVEL)."""
-    secrets = (settings.api_key, settings.hf_token)
+    secrets = settings.secrets
     formatter: logging.Formatter = (
-        JsonFormatter(secrets, spans=not settings.disable_spans)
-        if settings.json_output
+        JsonFormatter(secrets, spans=not settings.server.disable_spans)
+        if settings.server.json_output
         else TextFormatter(secrets)
     )
     handler = logging.StreamHandler(stream or sys.stdout)

@@ -25,7 +25,7 @@ from opentelemetry.trace import SpanKind, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from vectorpress import __version__
-from vectorpress.settings import Settings
+from vectorpress.settings import ServerSettings
 from vectorpress.types import Entry
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ class Tracing:
         self.tracer: Tracer = self.provider.get_tracer("vectorpress", __version__)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Tracing | None:
+    def from_settings(cls, settings: ServerSettings) -> Tracing | None:
         if not settings.otlp_endpoint:
             return None
         return cls(settings.otlp_endpoint, settings.otlp_service_name)

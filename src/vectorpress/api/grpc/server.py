@@ -93,7 +93,7 @@ class GrpcServer:
     @classmethod
     async def from_settings(cls, state: AppState) -> GrpcServer:
         """Start on --hostname:--grpc-port; a port that cannot be bound stops start-up."""
-        settings = state.settings
+        settings = state.server
         assert settings.grpc_port is not None
         try:
             return await cls.start(

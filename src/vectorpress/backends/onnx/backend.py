@@ -34,7 +34,7 @@ from vectorpress.backends.torch.pooling import (
 from vectorpress.backends.torch.registry import lookup
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec
-from vectorpress.settings import Settings
+from vectorpress.settings import ModelSettings
 from vectorpress.types import Batch, BatchOutput
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ def find_onnx_file(folder: Path) -> Path | None:
     return next((folder / n for n in ONNX_FILES if (folder / n).is_file()), None)
 
 
-def graph_cache(settings: Settings) -> Path:
+def graph_cache(settings: ModelSettings) -> Path:
     """Where graphs exported at start-up are kept: beside the downloads, so a cache volume that
     keeps the weights between restarts keeps the graph too."""
     from huggingface_hub import constants
@@ -64,7 +64,7 @@ def graph_cache(settings: Settings) -> Path:
     return Path(settings.huggingface_hub_cache or constants.HF_HUB_CACHE) / "vectorpress-onnx"
 
 
-def onnx_graph(spec: ModelSpec, settings: Settings) -> Path:
+def onnx_graph(spec: ModelSpec, settings: ModelSettings) -> Path:
     """The checkpoint's own graph, or one exported from its weights (once, then cached)."""
     shipped = find_onnx_file(spec.path)
     if shipped is not None:
@@ -82,7 +82,7 @@ def native_mlm_head(spec: ModelSpec) -> bool:
     return arch is not None and arch.mlm is not None
 
 
-def int8_graph(graph: Path, spec: ModelSpec, settings: Settings) -> Path:
+def int8_graph(graph: Path, spec: ModelSpec, settings: ModelSettings) -> Path:
     """`graph` with its linear layers in int8 (`quantize.py`), built once and cached."""
     from vectorpress.backends.onnx.export import build_once
     from vectorpress.backends.onnx.quantize import Report, int8_key, quantize_graph
@@ -112,7 +112,7 @@ class OnnxBackend:
     is_padded = False
     max_batch_size: int | None = None
 
-    def __init__(self, spec: ModelSpec, settings: Settings) -> None:
+    def __init__(self, spec: ModelSpec, settings: ModelSettings) -> None:
         try:
             import onnxruntime as ort
         except ImportError:

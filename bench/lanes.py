@@ -76,10 +76,10 @@ def passages(n: int, chars: int, seed: int) -> list[str]:
 class Server:
     """`vectorpress serve ARGS` in its own process, ready once /health answers 200."""
 
-    def __init__(self, args: list[str]) -> None:
+    def __init__(self, args: list[str], src: Path = ROOT / "src") -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT / "src")}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(src)}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "vectorpress", "serve", "--port", str(self.port), *args],
             env=env,
@@ -191,7 +191,7 @@ def ms(v: float) -> str:
     return f"{v * 1000:,.0f}"
 
 
-def part_single(model: str, seconds: float) -> list[str]:
+def part_single(model: str, seconds: float, baseline: Path | None) -> list[str]:
     docs = passages(128, 1200, seed=1)
     query = Client("query", "", "/embed", {"inputs": QUERY}, 1, timed=True, pause=0.05)
     lines = [
@@ -201,13 +201,16 @@ def part_single(model: str, seconds: float) -> list[str]:
             "bulk alone passages/s", "bulk kept"),
         row(*["---"] * 7),
     ]  # fmt: skip
+    here = ROOT / "src"
     variants = [
-        ("lanes, preemption between layers", [], {}),
-        ("lanes, bulk units only", ["--preemption", "false"], {}),
-        ("query sent as bulk (FIFO, as before)", [], {"priority": "bulk"}),
+        ("lanes, preemption between layers", [], {}, here),
+        ("lanes, bulk units only", ["--preemption", "false"], {}, here),
+        ("query sent as bulk (FIFO)", [], {"priority": "bulk"}, here),
     ]
-    for name, flags, extra in variants:
-        srv = Server(["--model-id", model, *flags])
+    if baseline is not None:
+        variants.append((f"before the lanes ({baseline})", [], {}, baseline))
+    for name, flags, extra, src in variants:
+        srv = Server(["--model-id", model, *flags], src)
         try:
             idle = asyncio.run(
                 run_load([Client("query", srv.url, "/embed", {"inputs": QUERY}, 1, True)], 5, 1)
@@ -330,6 +333,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="per measured phase")
     parser.add_argument("--parts", default="single,two,split")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "lanes.md")
+    parser.add_argument(
+        "--baseline", type=Path, help="another tree's src/ to run the single-model part on too"
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
     from vectorpress.hub import bundled_model_path
@@ -339,7 +345,7 @@ def main() -> None:
     lines = [f"## bench/lanes.py, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
              f"{args.seconds:.0f} s per phase, {os.cpu_count()} cores", ""]  # fmt: skip
     if "single" in parts:
-        lines += [*part_single(model, args.seconds), ""]
+        lines += [*part_single(model, args.seconds, args.baseline), ""]
     if "two" in parts or "split" in parts:
         with tempfile.TemporaryDirectory() as tmp:
             reranker = make_cross_encoder(model, Path(tmp) / "cross-encoder")

@@ -66,7 +66,16 @@ _FLAGS: list[tuple[str, str, Callable[[str], Any] | type[bool] | None, Any, str]
         "MODEL_ID",
         None,
         None,
-        "Hub repo id or local folder (default: the bundled all-MiniLM-L6-v2 when installed)",
+        "Hub repo id or local folder; repeat the flag (or give a comma-separated list) to serve "
+        "several models, the first being the default (default: the bundled all-MiniLM-L6-v2 "
+        "when installed)",
+    ),
+    (
+        "--config",
+        "VECTORPRESS_CONFIG",
+        None,
+        None,
+        "A TOML file of [[models]] tables, one per served model, with its own settings",
     ),
     ("--revision", "REVISION", None, None, "Hub branch, tag or commit"),
     (
@@ -83,7 +92,13 @@ _FLAGS: list[tuple[str, str, Callable[[str], Any] | type[bool] | None, Any, str]
         None,
         "float32, float16, bfloat16 or int8 (CPU: torch or onnx backend)",
     ),
-    ("--served-model-name", "SERVED_MODEL_NAME", None, None, "Name reported to clients"),
+    (
+        "--served-model-name",
+        "SERVED_MODEL_NAME",
+        None,
+        None,
+        "Name clients route by and see; with several --model-id, one per model, by position",
+    ),
     ("--pooling", "POOLING", _pooling, None, "cls, mean, splade or last-token"),
     (
         "--max-concurrent-requests",
@@ -190,6 +205,10 @@ _FLAGS: list[tuple[str, str, Callable[[str], Any] | type[bool] | None, Any, str]
 ]
 
 
+#: Flags given once per value, or as one comma-separated environment variable.
+_LISTS = ("--cors-allow-origin", "--model-id", "--served-model-name")
+
+
 class _ArgParser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # one line, exit 2, no usage dump
         sys.stderr.write(f"vectorpress: error: {message}\n")
@@ -217,12 +236,12 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                 metavar="true|false",
                 help=f"{help_text} [env {var}]",
             )
-        elif flag == "--cors-allow-origin":
+        elif flag in _LISTS:
             value = None if raw is None else [o.strip() for o in raw.split(",") if o.strip()]
             serve.add_argument(
                 flag, dest=dest, action="append", default=None, help=f"{help_text} [env {var}]"
             )
-            serve.set_defaults(_cors_env=value)
+            serve.set_defaults(**{f"_{dest}_env": value})
         else:
             conv = kind or str
             value = default if raw is None else _env(raw, conv, var)
@@ -246,27 +265,55 @@ def settings_from_args(
     args = build_parser(env).parse_args(argv)
     values = vars(args)
     values.pop("command")
-    cors_env = values.pop("_cors_env", None)
-    if values["cors_allow_origin"] is None:
-        values["cors_allow_origin"] = cors_env
-    if values["cors_allow_origin"] is not None:
-        values["cors_allow_origin"] = tuple(values["cors_allow_origin"])
-    if values["model_id"] is None:
-        from vectorpress.hub import bundled_model_path
-
-        bundled = bundled_model_path()
-        values["model_id"] = str(bundled) if bundled else ""
-        if bundled and values["served_model_name"] is None:
-            values["served_model_name"] = BUNDLED_MODEL_NAME
+    lists = {}
+    for flag in _LISTS:
+        dest = flag.lstrip("-").replace("-", "_")
+        from_env = values.pop(f"_{dest}_env", None)
+        lists[dest] = values.pop(dest) or from_env
+    cors = lists["cors_allow_origin"]
+    values["cors_allow_origin"] = tuple(cors) if cors is not None else None
     if values["tokenization_workers"] is None:
         values["tokenization_workers"] = default_tokenization_workers()
     if values["hf_token"] is None and env.get("HF_API_TOKEN"):
         values["hf_token"] = env["HF_API_TOKEN"]
     # TEI has no flag for this; the HF inference containers set TASK.
     values["task"] = env.get("TASK") or None
+    config = values.pop("config")
     server = ServerSettings(**{k: v for k, v in values.items() if k in server_fields()})
-    model = ModelSettings(**{k: v for k, v in values.items() if k in model_fields()})
-    return Settings(server, (model,))
+    common = {k: v for k, v in values.items() if k in model_fields()}
+    ids: list[str] = lists["model_id"] or []
+    names: list[str] = lists["served_model_name"] or []
+    if config is not None:
+        if args_given(argv, "--model-id"):
+            raise StartupError("give the models with --model-id or with --config, not both")
+        from vectorpress.config import read_config
+
+        return Settings(server, read_config(config, common))
+    if not ids:
+        from vectorpress.hub import bundled_model_path
+
+        bundled = bundled_model_path()
+        ids = [str(bundled) if bundled else ""]
+        if bundled and not names:
+            names = [BUNDLED_MODEL_NAME]
+    if len(names) > len(ids):
+        raise StartupError(
+            f"{len(names)} --served-model-name for {len(ids)} --model-id: give at most one "
+            "name per model, in the same order"
+        )
+    models = tuple(
+        ModelSettings(
+            **{**common, "model_id": model_id, "served_model_name": name},
+        )
+        for model_id, name in zip(ids, [*names, *[None] * (len(ids) - len(names))], strict=True)
+    )
+    return Settings(server, models)
+
+
+def args_given(argv: Sequence[str] | None, flag: str) -> bool:
+    """Whether `flag` is on the command line itself (not from the environment)."""
+    given = sys.argv[1:] if argv is None else argv
+    return any(a == flag or a.startswith(flag + "=") for a in given)
 
 
 def configure_logging(settings: Settings) -> None:

@@ -49,7 +49,7 @@ class VectorpressError(Exception):
     def metric(self) -> str:
         return self.counted_as or self.wire.metric
 
-    def to_json(self) -> dict[str, str]:
+    def to_json(self) -> dict[str, object]:
         return {"error": self.message, "error_type": self.error_type}
 
     def to_openai(self) -> dict[str, object]:
@@ -98,6 +98,31 @@ class ModelTypeError(BackendError):
     wire = WireError(424, "Backend", "FAILED_PRECONDITION", "model_type")
 
 
+class ModelNotFoundError(VectorpressError):
+    """A request names a model this server does not serve."""
+
+    wire = WireError(404, "NotFound", "NOT_FOUND", "validation")
+
+    def __init__(self, name: str, served: tuple[str, ...] = ()) -> None:
+        super().__init__(
+            f"model {name!r} is not served here; the served models are: {', '.join(served)}"
+        )
+        self.name = name
+        self.served = served
+
+    def to_json(self) -> dict[str, object]:
+        return {**super().to_json(), "models": list(self.served)}
+
+    def to_openai(self) -> dict[str, object]:
+        # OpenAI's clients read `code` as the reason; `param` names the field at fault.
+        return {
+            "message": self.message,
+            "code": "model_not_found",
+            "type": "invalid_request_error",
+            "param": "model",
+        }
+
+
 class OverloadedError(VectorpressError):
     """No admission permit was free."""
 
@@ -135,6 +160,7 @@ ERROR_TABLE: tuple[type[VectorpressError], ...] = (
     TokenizerError,
     BackendError,
     ModelTypeError,
+    ModelNotFoundError,
     OverloadedError,
     UnhealthyError,
     DroppedError,

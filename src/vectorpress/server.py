@@ -1,4 +1,4 @@
-"""Start-up: resolve and load the model, build the pipeline, warm up, then open the socket."""
+"""Start-up: resolve and load each model, build its pipeline, warm up, then open the socket."""
 
 from __future__ import annotations
 
@@ -17,17 +17,19 @@ from typing import Any
 import torch
 import uvicorn
 
-from vectorpress.api.state import AppState
+from vectorpress.api.state import AppState, ModelState
 from vectorpress.backends.base import Backend
 from vectorpress.backends.select import select_backend
 from vectorpress.backends.torch.passes import CPU_PASS_TOKENS
 from vectorpress.core.admission import Admission
 from vectorpress.core.infer import Infer
-from vectorpress.core.metrics import Metrics
+from vectorpress.core.metrics import Metrics, Registry
+from vectorpress.core.models import Models
 from vectorpress.core.queue import BatchingQueue, LanePolicy
 from vectorpress.core.scheduler import Scheduler
 from vectorpress.core.tokenization import TokenizerPool
 from vectorpress.core.worker import BackendWorker, limit_malloc_arenas
+from vectorpress.errors import StartupError
 from vectorpress.hub import resolve_model
 from vectorpress.model_spec import ModelSpec, load_model_spec
 from vectorpress.observability.tracing import Tracing
@@ -38,19 +40,48 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class Served:
+class LoadedModel:
     """One loaded model with its running pipeline."""
 
-    settings: Settings
+    settings: ModelSettings
     spec: ModelSpec
     backend: Backend
     infer: Infer
-    state: AppState
-    tracing: Tracing | None = None
+    state: ModelState
 
     def close(self) -> None:
         self.infer.worker.stop()
         self.infer.tokenizers.close()
+
+
+@dataclass
+class Served:
+    """Every served model, running, and the API state over them; the first is the default."""
+
+    settings: Settings
+    models: list[LoadedModel]
+    state: AppState
+    tracing: Tracing | None = None
+
+    @property
+    def default(self) -> LoadedModel:
+        return self.models[0]
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.default.spec
+
+    @property
+    def backend(self) -> Backend:
+        return self.default.backend
+
+    @property
+    def infer(self) -> Infer:
+        return self.default.infer
+
+    def close(self) -> None:
+        for model in self.models:
+            model.close()
         if self.tracing is not None:
             self.tracing.shutdown()
 
@@ -161,41 +192,84 @@ BackendFactory = Callable[[ModelSpec, ModelSettings], Backend]
 
 
 def load(config: Settings, make_backend: BackendFactory = select_backend) -> Served:
-    server, settings = config.server, config.model
+    """Load, warm up and start every model, in order; if one fails, those already started are
+    stopped and start-up fails with one line naming the model."""
     limit_malloc_arenas()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    folder = resolve_model(
-        settings.model_id,
-        settings.revision,
-        settings.hf_token,
-        settings.huggingface_hub_cache,
-        want_onnx=settings.backend == "onnx",
-    )
-    spec = load_model_spec(folder, settings)
-    scheduler = make_scheduler(server)
-    try:
-        backend = scheduler.call(lambda: make_backend(spec, settings))
-        scheduler.call(lambda: warm_up(backend, spec, settings))
-    except BaseException:
-        scheduler.stop()
-        raise
-    infer = build_pipeline(
-        server,
-        settings,
-        spec,
-        backend,
-        scheduler=scheduler,
-        server_admission=make_server_admission(server),
-    )
+    server = config.server
+    registry = Registry()
     tracing = Tracing.from_settings(server)
     if tracing is not None:
-        infer.tracer = tracing.tracer
         log.info("tracing to %s as %s", tracing.endpoint, server.otlp_service_name)
-    state = AppState(infer, settings, server, backend.name, backend.dtype, backend.device)
+    # One device thread for every model: each loads, warms up and runs on it.
+    scheduler = make_scheduler(server)
+    admission = make_server_admission(server)
+    loaded: list[LoadedModel] = []
+    try:
+        for settings in config.models:
+            loaded.append(
+                _load_one(config, settings, make_backend, registry, tracing, scheduler, admission)
+            )
+    except BaseException:
+        for model in loaded:
+            model.close()
+        scheduler.stop()
+        if tracing is not None:
+            tracing.shutdown()
+        raise
+    state = AppState(
+        server,
+        Models([m.state for m in loaded]),
+        registry,
+        tracing.tracer if tracing is not None else None,
+    )
+    return Served(config, loaded, state, tracing)
+
+
+def _load_one(
+    config: Settings,
+    settings: ModelSettings,
+    make_backend: BackendFactory,
+    registry: Registry,
+    tracing: Tracing | None,
+    scheduler: Scheduler,
+    admission: Admission | None,
+) -> LoadedModel:
+    server = config.server
+    name = settings.model_name
+    try:
+        folder = resolve_model(
+            settings.model_id,
+            settings.revision,
+            settings.hf_token,
+            settings.huggingface_hub_cache,
+            want_onnx=settings.backend == "onnx",
+        )
+        spec = load_model_spec(folder, settings)
+        backend = scheduler.call(lambda: make_backend(spec, settings))
+        scheduler.call(lambda: warm_up(backend, spec, settings))
+    except StartupError as exc:
+        if len(config.models) == 1:
+            raise
+        raise StartupError(f"model {name}: {exc}") from None
+    except Exception as exc:
+        # A checkpoint that does not load (bad weights, an unknown layer): one line for the
+        # operator, the traceback in the log.
+        log.exception("model %s failed to load", name)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise StartupError(f"model {name} ({settings.model_id}) failed to load: {first}") from None
+    metrics = Metrics(spec.max_input_length, name, registry)
+    infer = build_pipeline(
+        server, settings, spec, backend, metrics, scheduler=scheduler, server_admission=admission
+    )
+    if tracing is not None:
+        infer.tracer = tracing.tracer
+    state = ModelState(infer, settings, server, backend.name, backend.dtype, backend.device)
     # Fields rather than prose, so JSON logs carry them as values (text logs append them).
     startup = {
         "model": settings.model_id,
-        "served_model_name": settings.model_name,
+        "served_model_name": name,
+        "aliases": list(settings.aliases),
         "architecture": spec.architecture,
         "kind": spec.kind,
         "backend": backend.name,
@@ -208,7 +282,7 @@ def load(config: Settings, make_backend: BackendFactory = select_backend) -> Ser
         "max_client_batch_size": settings.max_client_batch_size,
     }
     log.info("model loaded and warmed up", extra=startup)
-    return Served(config, spec, backend, infer, state, tracing)
+    return LoadedModel(settings, spec, backend, infer, state)
 
 
 def freeze_startup_objects() -> int:
@@ -295,7 +369,7 @@ async def serve(served: Served) -> None:
         metrics_socket = bind_listener(settings.hostname, settings.prometheus_port)
         metrics_server = _MetricsServer(
             uvicorn.Config(
-                metrics_app(served.infer.metrics),
+                metrics_app(served.state.registry),
                 host=settings.hostname,
                 port=settings.prometheus_port,
                 log_config=None,

@@ -238,7 +238,7 @@ class Settings:
                 if name in seen:
                     raise StartupError(
                         f"two models are named {name!r} ({seen[name]} and {model.model_id}); "
-                        "give each its own --served-model-name"
+                        "give each its own served name"
                     )
                 seen[name] = model.model_id
 

@@ -142,5 +142,5 @@ def test_task_is_read_from_the_environment() -> None:
     from vectorpress.cli import settings_from_args
 
     env = {"MODEL_ID": "some/model", "TASK": "sentence-similarity"}
-    assert settings_from_args(["serve"], env=env).task == "sentence-similarity"
-    assert settings_from_args(["serve"], env={"MODEL_ID": "some/model"}).task is None
+    assert settings_from_args(["serve"], env=env).model.task == "sentence-similarity"
+    assert settings_from_args(["serve"], env={"MODEL_ID": "some/model"}).model.task is None

@@ -13,10 +13,20 @@ class Page:
     types: dict[str, str]
     samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
+    def matching(self, name: str, **labels: str) -> list[float]:
+        """The samples of `name` whose labels include `labels`, as a PromQL selector picks
+        them (so a query written for TEI, without the `model` label, still matches)."""
+        want = set(labels.items())
+        return [v for (n, key), v in self.samples.items() if n == name and want <= set(key)]
+
+    def has(self, name: str, **labels: str) -> bool:
+        return bool(self.matching(name, **labels))
+
     def get(self, name: str, **labels: str) -> float:
-        key = (name, tuple(sorted(labels.items())))
-        assert key in self.samples, f"no sample {name}{labels}"
-        return self.samples[key]
+        """The sum over the matching samples (over every model unless `model` is given)."""
+        found = self.matching(name, **labels)
+        assert found, f"no sample {name}{labels}"
+        return sum(found)
 
 
 def parse(text: str) -> Page:

@@ -113,8 +113,9 @@ def test_json_output_lines_metrics_port_and_no_secrets(
         assert record["level"] in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}
 
     settings = next(r for r in records if r["message"] == "settings")["fields"]["settings"]
-    assert settings["api_key"] == "<redacted>" and settings["hf_token"] == "<redacted>"
-    assert settings["json_output"] is True and settings["prometheus_port"] == metrics_port
+    server, (model,) = settings["server"], settings["models"]
+    assert server["api_key"] == "<redacted>" and model["hf_token"] == "<redacted>"
+    assert server["json_output"] is True and server["prometheus_port"] == metrics_port
 
     messages = [r["message"] for r in records]
     loaded = messages.index("model loaded and warmed up")

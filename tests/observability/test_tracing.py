@@ -42,6 +42,7 @@ def folder(tiny_bert_family: Callable[..., Path]) -> Path:
 
 def test_http_request_spans_follow_the_callers_trace(folder: Path) -> None:
     header, caller_trace, caller_span = traceparent()
+    other_header, other_trace, _ = traceparent()
     with OtlpReceiver() as receiver:
         settings = Settings.single(
             model_id=str(folder), otlp_endpoint=receiver.endpoint, otlp_service_name="vp-test"
@@ -58,6 +59,13 @@ def test_http_request_spans_follow_the_callers_trace(folder: Path) -> None:
             assert untraced.status_code == 200
             missing = httpx.get(f"{srv.url}/no/such/path/42", headers={"traceparent": header})
             assert missing.status_code == 404
+            prefixed = httpx.post(
+                f"{srv.url}/models/any/embed",
+                json={"inputs": "x"},
+                headers={"traceparent": other_header},
+                timeout=60,
+            )
+            assert prefixed.status_code == 200
         # Leaving the server shuts the tracer provider down, which exports what is buffered.
         spans = list(receiver.spans)
 
@@ -66,6 +74,9 @@ def test_http_request_spans_follow_the_callers_trace(folder: Path) -> None:
     assert request.kind == SERVER_KIND and request.service_name == "vp-test"
     assert request.attributes["http.response.status_code"] == 200
     assert request.attributes["http.route"] == "/embed"
+    # Under a model's prefix, named by the route all the same; the path is the one asked for.
+    prefixed_span = one(spans, "POST /embed", other_trace)
+    assert prefixed_span.attributes["url.path"] == "/models/any/embed"
     unmatched = one(spans, "GET", caller_trace)  # not named after a path nobody serves
     assert unmatched.attributes["http.response.status_code"] == 404
     assert request.attributes["vectorpress.operation"] == "embed"
@@ -76,7 +87,11 @@ def test_http_request_spans_follow_the_callers_trace(folder: Path) -> None:
     assert one(spans, "inference", caller_trace).attributes["vectorpress.tokens"] > 0
 
     # Without a traceparent the request starts a trace of its own, with its own children.
-    roots = [s for s in spans if s.name == "POST /embed" and s.trace_id != caller_trace]
+    roots = [
+        s
+        for s in spans
+        if s.name == "POST /embed" and s.trace_id not in (caller_trace, other_trace)
+    ]
     assert len(roots) == 1 and roots[0].parent_span_id == ""
     children = {s.name for s in spans if s.parent_span_id == roots[0].span_id}
     assert children == {"tokenization", "queue", "inference"}

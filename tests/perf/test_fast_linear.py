@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from tests.helpers.reference import assert_close_vectors, st_encode
 from tests.helpers.texts import mixed_texts
+from vectorpress.backends.common.threads import num_threads
 from vectorpress.backends.torch.backend import TorchBackend
 from vectorpress.backends.torch.layers import _ONEDNN_POSTOPS, FusedLinear, onednn_supported
 from vectorpress.model_spec import load_model_spec
@@ -83,8 +84,8 @@ def test_a_big_batch_in_several_cpu_passes_equals_one_pass(
     minilm: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Batches over the pass size run as several passes; the vectors must not change."""
+    from vectorpress.backends.common.sequences import PackedSequences
     from vectorpress.backends.torch import passes as passes_module
-    from vectorpress.backends.torch.attention import PackedSequences
 
     spec = load_model_spec(minilm, ModelSettings(str(minilm)))
     backend = TorchBackend(spec, "cpu", "float32")
@@ -155,7 +156,7 @@ def test_kernels_and_threads_are_planned_by_timing_the_model(
 
     def plan(**patch: object) -> PassPlan:
         # At least two threads, so that "one" and "all" differ; the count is restored after.
-        with monkeypatch.context() as m, passes.num_threads(max(2, torch.get_num_threads())):
+        with monkeypatch.context() as m, num_threads(max(2, torch.get_num_threads())):
             for name, fn in patch.items():
                 m.setattr(FusedLinear, name, fn)
             return plan_passes(encoder, spec.position_offset)
@@ -179,7 +180,7 @@ def test_kernels_and_threads_are_planned_by_timing_the_model(
     backend.passes = passes.CpuPasses(
         plan=PassPlan(small_onednn=True, large_onednn=False, small_threads=1)
     )
-    with passes.num_threads(2):
+    with num_threads(2):
         _embed(backend, _encodings(minilm, ["a short query"]))
         assert used and all(u == (True, 1) for u in used)
         used.clear()

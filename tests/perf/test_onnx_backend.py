@@ -18,11 +18,12 @@ from tests.helpers.batches import graph_runs
 from tests.helpers.reference import assert_close_vectors, vp_embed
 from tests.helpers.server import LiveServer
 from tests.helpers.texts import mixed_texts
+from vectorpress.backends.common.pooling import pool
 from vectorpress.backends.onnx import backend as onnx_backend
 from vectorpress.backends.onnx import export, quantize
 from vectorpress.backends.onnx.backend import OnnxBackend
 from vectorpress.backends.onnx.export import cached_graph, fingerprint, servable_folder
-from vectorpress.backends.torch.pooling import pool
+from vectorpress.backends.select import backend_args
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import load_model_spec
 from vectorpress.settings import Settings
@@ -172,7 +173,7 @@ def test_pooling_runs_on_one_torch_thread(
     """torch's own thread team would spin on the cores ONNX Runtime's threads need."""
     folder = _int8_folder(minilm, tmp_path / "int8")
     settings = Settings.single(str(folder), backend="onnx")
-    backend = OnnxBackend(load_model_spec(folder, settings.model), settings.model)
+    backend = OnnxBackend(load_model_spec(folder, settings.model), **backend_args(settings.model))
     seen: list[int] = []
 
     def watched(*args: Any, **kwargs: Any) -> torch.Tensor:
@@ -193,7 +194,7 @@ def test_a_large_batch_runs_as_passes_of_at_most_pass_tokens(
 ) -> None:
     folder = tiny_bert_family("bert", "embedding", "mean")
     settings = Settings.single(str(folder), backend="onnx", huggingface_hub_cache=str(tmp_path))
-    backend = OnnxBackend(load_model_spec(folder, settings.model), settings.model)
+    backend = OnnxBackend(load_model_spec(folder, settings.model), **backend_args(settings.model))
     shapes = graph_runs(backend)
     encodings = [
         Encoding(ids=[101] + [2000 + i] * 98 + [102], type_ids=[0] * 100) for i in range(50)

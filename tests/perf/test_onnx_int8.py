@@ -25,8 +25,10 @@ from tests.helpers.batches import (
 )
 from tests.helpers.reference import assert_close_vectors, st_encode
 from tests.helpers.server import LiveServer
+from vectorpress.backends.common.cache import build_cache
 from vectorpress.backends.onnx import quantize
 from vectorpress.backends.onnx.backend import OnnxBackend, int8_graph
+from vectorpress.backends.select import backend_args
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import load_model_spec
 from vectorpress.settings import Settings
@@ -47,7 +49,7 @@ def _settings(folder: Path, hub: Path, **extra: Any) -> Settings:
 @pytest.fixture(scope="module")
 def int8_onnx(minilm: Path, hub: Path) -> OnnxBackend:
     settings = _settings(minilm, hub)
-    return OnnxBackend(load_model_spec(minilm, settings.model), settings.model)
+    return OnnxBackend(load_model_spec(minilm, settings.model), **backend_args(settings.model))
 
 
 def _ops(graph: Path) -> list[str]:
@@ -97,7 +99,9 @@ def test_the_int8_graph_is_built_once_and_a_failed_build_leaves_nothing(
 ) -> None:
     folder = tiny_bert_family("bert", "embedding", "mean")
     settings = _settings(folder, tmp_path)
-    first = OnnxBackend(load_model_spec(folder, settings.model), settings.model).path
+    first = OnnxBackend(
+        load_model_spec(folder, settings.model), **backend_args(settings.model)
+    ).path
     assert first.parent.name.startswith("int8-") and "MatMulIntegerToFloat" in _ops(first)
     cache = first.parent.parent
     before = sorted(p.name for p in cache.iterdir())
@@ -108,13 +112,13 @@ def test_the_int8_graph_is_built_once_and_a_failed_build_leaves_nothing(
     monkeypatch.setattr(quantize, "quantize_graph", fail)
     spec = load_model_spec(folder, settings.model)
     fp32 = cache / next(p for p in before if not p.startswith("int8-")) / "model.onnx"
-    assert int8_graph(fp32, spec, settings.model) == first
+    assert int8_graph(fp32, spec, build_cache(settings.model.huggingface_hub_cache)) == first
     # Another fp32 graph (here: a copy) is another int8 graph; its build fails cleanly.
     other = tmp_path / "other" / "model.onnx"
     other.parent.mkdir()
     other.write_bytes(fp32.read_bytes())
     with pytest.raises(StartupError, match=r"cannot quantize .*quantized again"):
-        int8_graph(other, spec, settings.model)
+        int8_graph(other, spec, build_cache(settings.model.huggingface_hub_cache))
     assert sorted(p.name for p in cache.iterdir()) == before
 
 
@@ -129,7 +133,9 @@ def test_graphs_too_large_for_one_protobuf_keep_their_tensors_beside_them(
     want = {}
     for dtype in ("float32", "int8"):
         settings = _settings(folder, tmp_path / "inline", dtype=dtype)
-        backend = OnnxBackend(load_model_spec(folder, settings.model), settings.model)
+        backend = OnnxBackend(
+            load_model_spec(folder, settings.model), **backend_args(settings.model)
+        )
         want[dtype] = pooled(backend, batches)
         if dtype == "float32":
             fp32 = backend.path
@@ -147,7 +153,9 @@ def test_graphs_too_large_for_one_protobuf_keep_their_tensors_beside_them(
     monkeypatch.setattr(quantize, "INLINE_BYTES", 0)
     for dtype in ("float32", "int8"):
         settings = _settings(shipped, tmp_path / "external", dtype=dtype)
-        backend = OnnxBackend(load_model_spec(shipped, settings.model), settings.model)
+        backend = OnnxBackend(
+            load_model_spec(shipped, settings.model), **backend_args(settings.model)
+        )
         np.testing.assert_array_equal(pooled(backend, batches), want[dtype])
     int8_folder = backend.path.parent
     assert int8_folder.name.startswith("int8-")
@@ -168,7 +176,11 @@ def test_a_graph_quantized_already_is_refused(minilm: Path, tmp_path: Path) -> N
     graph = Path(next(iter(found.submodule_search_locations))) / "model.onnx"
     settings = _settings(minilm, tmp_path)
     with pytest.raises(StartupError, match="no float32 MatMul over tokens"):
-        int8_graph(graph, load_model_spec(minilm, settings.model), settings.model)
+        int8_graph(
+            graph,
+            load_model_spec(minilm, settings.model),
+            build_cache(settings.model.huggingface_hub_cache),
+        )
     assert not [p for p in (tmp_path / "vectorpress-onnx").iterdir()]
 
 

@@ -22,6 +22,7 @@ from tests.helpers.texts import mixed_texts
 from vectorpress.backends.onnx import backend as onnx_backend
 from vectorpress.backends.onnx.backend import OnnxBackend
 from vectorpress.backends.onnx.export import export_encoder, servable_folder
+from vectorpress.backends.select import backend_args
 from vectorpress.backends.torch.backend import TorchBackend, load_head
 from vectorpress.backends.torch.heads import MLMHead
 from vectorpress.errors import StartupError
@@ -102,7 +103,7 @@ def test_logits_graphs_run_in_bounded_passes_and_pool_real_tokens_only(
 ) -> None:
     settings = Settings.single(str(logits_folder), pooling="splade", backend="onnx")
     spec = load_model_spec(logits_folder, settings.model)
-    backend = OnnxBackend(spec, settings.model)
+    backend = OnnxBackend(spec, **backend_args(settings.model))
     assert backend.mlm_head is None
     shapes = graph_runs(backend)
     monkeypatch.setattr(onnx_backend, "LOGITS_PASS_SCORES", 64 * spec.vocab_size)
@@ -153,7 +154,7 @@ def test_the_head_runs_on_one_thread_for_a_short_input_and_all_for_a_batch(
     settings = Settings.single(
         model_id=str(folder), pooling="splade", backend="onnx", huggingface_hub_cache=str(tmp_path)
     )
-    backend = OnnxBackend(load_model_spec(folder, settings.model), settings.model)
+    backend = OnnxBackend(load_model_spec(folder, settings.model), **backend_args(settings.model))
     seen: list[int] = []
     real = onnx_backend.splade_vectors
 
@@ -209,10 +210,10 @@ def test_graphs_splade_cannot_pool_are_refused_at_start(tmp_path: Path) -> None:
     served = servable_folder(mlm, graph, tmp_path / "served")
     settings = Settings.single(str(served), pooling="splade", backend="onnx")
     with pytest.raises(StartupError, match=r"its logits have shape \['batch', 3\]"):
-        OnnxBackend(load_model_spec(served, settings.model), settings.model)
+        OnnxBackend(load_model_spec(served, settings.model), **backend_args(settings.model))
     # Hidden states, for an architecture whose head vectorpress cannot run itself.
     graph = export_encoder(mlm, tmp_path / "hidden" / "model.onnx", kind="embedding")
     served = servable_folder(mlm, graph, tmp_path / "served-hidden")
     settings = Settings.single(str(served), pooling="splade", backend="onnx")
     with pytest.raises(StartupError, match="no native masked-LM head"):
-        OnnxBackend(load_model_spec(served, settings.model), settings.model)
+        OnnxBackend(load_model_spec(served, settings.model), **backend_args(settings.model))

@@ -37,6 +37,10 @@ PROTECTED = [
     ("POST", "/vertex", {"instances": [{"inputs": "x"}]}),
     ("POST", "/", {"inputs": "x"}),
     ("POST", "/invocations", {"inputs": "x"}),
+    ("GET", "/v1/models", None),
+    # Under a model's prefix too: the key is checked on the path without it.
+    ("POST", "/models/any/embed", {"inputs": "x"}),
+    ("GET", "/models/any/info", None),
 ]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vectorpress.backends.common.pooling import pool
 from vectorpress.backends.torch import attention
 from vectorpress.backends.torch.attention import (
     PackedSequences,
@@ -12,7 +13,6 @@ from vectorpress.backends.torch.attention import (
     packed_attention,
     reference_attention,
 )
-from vectorpress.backends.torch.pooling import pool
 
 
 def _check_against_reference(

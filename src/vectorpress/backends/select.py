@@ -8,8 +8,10 @@ rotary scaling variant, a masked-LM head for SPLADE), else the transformers fall
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from vectorpress.backends.base import Backend
+from vectorpress.backends.common.cache import build_cache
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec
 from vectorpress.settings import ModelSettings
@@ -17,11 +19,19 @@ from vectorpress.settings import ModelSettings
 log = logging.getLogger(__name__)
 
 
+def backend_args(settings: ModelSettings) -> dict[str, Any]:
+    """The arguments every backend's constructor takes, after the model's spec."""
+    return {
+        "device": settings.device,
+        "dtype": settings.dtype,
+        "cache_dir": build_cache(settings.huggingface_hub_cache),
+    }
+
+
 def select_backend(spec: ModelSpec, settings: ModelSettings) -> Backend:
-    from vectorpress.backends.torch.backend import TorchBackend, pick_device
+    from vectorpress.backends.torch.backend import TorchBackend
     from vectorpress.backends.torch.registry import lookup
 
-    device = pick_device(settings.device)
     choice = settings.backend
     if choice == "auto":
         arch = lookup(spec.model_type)
@@ -36,11 +46,11 @@ def select_backend(spec: ModelSpec, settings: ModelSettings) -> Backend:
         why = "--backend asked for it"
     log.info("backend %s serves %s: %s", choice, spec.architecture, why)
     if choice == "torch":
-        return TorchBackend(spec, device=device, dtype=settings.dtype)
+        return TorchBackend(spec, **backend_args(settings))
     if choice == "hf":
         from vectorpress.backends.hf.backend import HFBackend
 
-        return HFBackend(spec, device=device, dtype=settings.dtype)
+        return HFBackend(spec, **backend_args(settings))
     if choice == "onnx":
         try:
             from vectorpress.backends.onnx.backend import OnnxBackend
@@ -48,5 +58,5 @@ def select_backend(spec: ModelSpec, settings: ModelSettings) -> Backend:
             raise StartupError(
                 f"the onnx backend needs `pip install vectorpress[onnx]`: {exc}"
             ) from None
-        return OnnxBackend(spec, settings)
+        return OnnxBackend(spec, **backend_args(settings))
     raise StartupError(f"unknown backend {choice}")

@@ -87,6 +87,11 @@ class Infer:
         """Set when --otlp-endpoint is given; None means no span is ever created."""
         self._probe: asyncio.Future[np.ndarray] | None = None
 
+    @property
+    def name(self) -> str:
+        """The model's served name, which its metrics carry as their `model` label."""
+        return self.metrics.model
+
     # -- checks shared by every route ----------------------------------------------------------
 
     def check_batch(self, n: int, what: str = "inputs") -> None:

@@ -8,6 +8,9 @@ Unlike TEI, every unlabelled metric (and every known label value) is exported fr
 with zero values: a dashboard's `rate()` needs a first sample, and TEI's empty /metrics before
 the first request is a standing complaint of its users (issue #520).
 
+Several models share one registry and one page: every series carries a `model` label (with one
+model too), and TEI's names, types and buckets are otherwise unchanged.
+
 Beyond TEI, a few `vectorpress_*` metrics say where the time and the compute go: padding
 efficiency of each batch, tokens per second per model, truncated and dropped inputs, and an
 info metric whose labels name the backend, dtype and device.
@@ -186,121 +189,67 @@ class _Histogram:
         self.count += 1
 
 
-def _key(labels: dict[str, str]) -> Labels:
-    # Most calls carry no labels; skip the sort for them (this runs several times per input).
-    return tuple(sorted(labels.items())) if labels else ()
+class Registry:
+    """The process's one set of series (every model's), thread-safe, rendered as Prometheus
+    text. Models record into it through their own `Metrics` view."""
 
-
-class Metrics:
-    """A thread-safe registry of counters, gauges and histograms, rendered as Prometheus text."""
-
-    def __init__(self, max_input_length: int = 512, model: str = "") -> None:
-        self.defs = {**tei_defs(max_input_length), **extra_defs()}
-        self.model = model
+    def __init__(self) -> None:
+        self.defs: dict[str, MetricDef] = {}
         self._lock = threading.Lock()
         self._values: dict[str, dict[Labels, float]] = {}
         self._histograms: dict[str, dict[Labels, _Histogram]] = {}
-        self._gauges: dict[str, tuple[Labels, Callable[[], float]]] = {}
-        self._recent: deque[tuple[float, int]] = deque()
-        self._initialise()
-
-    def _initialise(self) -> None:
-        for metric in self.defs.values():
-            if metric.kind == "histogram":
-                self._histograms[metric.name] = {(): _Histogram(metric.buckets)}
-            elif metric.name != "vectorpress_info":
-                self._values[metric.name] = {(): 0.0}
-        for name in ("te_request_count", "te_request_success"):
-            self._values[name] = {_key({"method": m}): 0.0 for m in REQUEST_METHODS}
-        self._values["te_request_failure"] = {_key({"err": e}): 0.0 for e in FAILURE_KINDS}
-        for name in ("vectorpress_tokens", "vectorpress_tokens_per_second"):
-            self._values[name] = {_key({"model": self.model}): 0.0}
-        self.gauge_callback(
-            "vectorpress_tokens_per_second", self._tokens_per_second, model=self.model
-        )
+        self._gauges: dict[str, dict[Labels, Callable[[], float]]] = {}
 
     def define(self, metric: MetricDef) -> None:
-        """Add a metric beyond the built-in set."""
-        self.defs[metric.name] = metric
+        self.defs.setdefault(metric.name, metric)
 
-    def gauge_callback(self, name: str, read: Callable[[], float], **labels: str) -> None:
-        """Read this gauge (one series) at scrape time instead of storing it."""
-        self._gauges[name] = (_key(labels), read)
+    def gauge_callback(self, name: str, key: Labels, read: Callable[[], float]) -> None:
+        with self._lock:
+            self._gauges.setdefault(name, {})[key] = read
 
-    def set_info(self, **labels: str) -> None:
-        self.set("vectorpress_info", 1.0, model=self.model, **labels)
+    def start(self, name: str, key: Labels, buckets: tuple[float, ...] | None = None) -> None:
+        """Export a series at zero before anything is recorded in it."""
+        with self._lock:
+            if buckets is None:
+                self._values.setdefault(name, {}).setdefault(key, 0.0)
+            else:
+                self._histograms.setdefault(name, {}).setdefault(key, _Histogram(buckets))
 
-    def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
-        key = _key(labels)
+    def inc(self, name: str, key: Labels, value: float) -> None:
         with self._lock:
             series = self._values.setdefault(name, {})
             series[key] = series.get(key, 0.0) + value
 
-    def set(self, name: str, value: float, **labels: str) -> None:
-        key = _key(labels)
+    def set(self, name: str, key: Labels, value: float) -> None:
         with self._lock:
             self._values.setdefault(name, {})[key] = value
 
-    def observe(self, name: str, value: float, **labels: str) -> None:
-        key = _key(labels)
+    def observe(self, name: str, key: Labels, value: float, buckets: tuple[float, ...]) -> None:
         with self._lock:
             series = self._histograms.setdefault(name, {})
             hist = series.get(key)
             if hist is None:
-                hist = series[key] = _Histogram(self.defs[name].buckets)
+                hist = series[key] = _Histogram(buckets)
             hist.observe(value)
 
-    def value(self, name: str, **labels: str) -> float:
-        """The current value of a counter or gauge series (0 when never recorded)."""
-        key = _key(labels)
-        gauge = self._gauges.get(name)
-        if gauge is not None and gauge[0] == key:
-            return float(gauge[1]())
+    def value(self, name: str, key: Labels) -> float:
+        read = self._gauges.get(name, {}).get(key)
+        if read is not None:
+            return float(read())
         with self._lock:
             return self._values.get(name, {}).get(key, 0.0)
-
-    # -- what the pipeline reports -------------------------------------------------------------
-
-    def record_batch(self, batch: Batch, elapsed: float, padded: bool, ok: bool) -> None:
-        """One formed batch: TEI's size and token histograms, then the extras."""
-        tokens = batch.total_tokens
-        self.observe("te_batch_next_size", batch.size)
-        self.observe("te_batch_next_tokens", tokens)
-        if not ok:
-            self.inc("vectorpress_batch_failures")
-            return
-        computed = batch.max_seqlen * batch.size if padded else tokens
-        self.observe("vectorpress_batch_padding_efficiency", tokens / computed if computed else 1.0)
-        self.inc("vectorpress_batch_real_tokens", tokens)
-        self.inc("vectorpress_batch_computed_tokens", computed)
-        self.inc("vectorpress_tokens", tokens, model=self.model)
-        self.inc("vectorpress_backend_busy_seconds", elapsed)
-        now = time.monotonic()
-        with self._lock:
-            self._recent.append((now, tokens))
-            self._prune(now)  # here too, or a server nobody scrapes would grow without end
-
-    def _prune(self, now: float) -> None:
-        while self._recent and self._recent[0][0] < now - THROUGHPUT_WINDOW_S:
-            self._recent.popleft()
-
-    def _tokens_per_second(self) -> float:
-        now = time.monotonic()
-        with self._lock:
-            self._prune(now)
-            total = sum(n for _, n in self._recent)
-        return total / THROUGHPUT_WINDOW_S
-
-    # -- exposition ----------------------------------------------------------------------------
 
     def render(self) -> str:
         """Prometheus text exposition format 0.0.4."""
         # Read outside the lock: a callback may take it (tokens per second does).
-        gauges = {name: (key, float(read())) for name, (key, read) in self._gauges.items()}
+        gauges = {
+            name: {key: float(read()) for key, read in series.items()}
+            for name, series in list(self._gauges.items())
+        }
         lines: list[str] = []
         with self._lock:
-            for name, (key, value) in gauges.items():
-                self._values[name] = {key: value}
+            for name, series in gauges.items():
+                self._values.setdefault(name, {}).update(series)
             for name in sorted(set(self._values) | set(self._histograms)):
                 metric = self.defs[name]
                 lines.append(f"# HELP {name} {metric.help}")
@@ -321,6 +270,109 @@ class Metrics:
                     for labels, value in sorted(self._values.get(name, {}).items()):
                         lines.append(f"{name}{_labels(labels)} {_fmt(value)}")
         return "\n".join(lines) + ("\n" if lines else "")
+
+
+class Metrics:
+    """One model's view of the registry: every series it records carries `model=<name>`, so
+    one page holds every model's and TEI's dashboards, which filter on names, keep working."""
+
+    def __init__(
+        self, max_input_length: int = 512, model: str = "", registry: Registry | None = None
+    ) -> None:
+        self.defs = {**tei_defs(max_input_length), **extra_defs()}
+        self.model = model
+        self.registry = registry if registry is not None else Registry()
+        self._base: Labels = (("model", model),)
+        self._lock = threading.Lock()
+        self._recent: deque[tuple[float, int]] = deque()
+        self._initialise()
+
+    def _key(self, labels: dict[str, str]) -> Labels:
+        # Most calls carry no other label; skip the sort for them (this runs several times
+        # per input).
+        if not labels:
+            return self._base
+        return tuple(sorted({**labels, "model": self.model}.items()))
+
+    def _initialise(self) -> None:
+        for metric in self.defs.values():
+            self.registry.define(metric)
+            if metric.kind == "histogram":
+                self.registry.start(metric.name, self._base, metric.buckets)
+            elif metric.name not in ("vectorpress_info", *_LABELLED):
+                self.registry.start(metric.name, self._base)
+        for name in ("te_request_count", "te_request_success"):
+            for m in REQUEST_METHODS:
+                self.registry.start(name, self._key({"method": m}))
+        for e in FAILURE_KINDS:
+            self.registry.start("te_request_failure", self._key({"err": e}))
+        self.gauge_callback("vectorpress_tokens_per_second", self._tokens_per_second)
+
+    def define(self, metric: MetricDef) -> None:
+        """Add a metric beyond the built-in set."""
+        self.defs[metric.name] = metric
+        self.registry.define(metric)
+
+    def gauge_callback(self, name: str, read: Callable[[], float], **labels: str) -> None:
+        """Read this gauge (one series) at scrape time instead of storing it."""
+        self.registry.gauge_callback(name, self._key(labels), read)
+
+    def set_info(self, **labels: str) -> None:
+        self.set("vectorpress_info", 1.0, **labels)
+
+    def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
+        self.registry.inc(name, self._key(labels), value)
+
+    def set(self, name: str, value: float, **labels: str) -> None:
+        self.registry.set(name, self._key(labels), value)
+
+    def observe(self, name: str, value: float, **labels: str) -> None:
+        self.registry.observe(name, self._key(labels), value, self.defs[name].buckets)
+
+    def value(self, name: str, **labels: str) -> float:
+        """The current value of one of this model's counter or gauge series (0 when never
+        recorded)."""
+        return self.registry.value(name, self._key(labels))
+
+    def render(self) -> str:
+        """The whole registry's page (every model's series)."""
+        return self.registry.render()
+
+    # -- what the pipeline reports -------------------------------------------------------------
+
+    def record_batch(self, batch: Batch, elapsed: float, padded: bool, ok: bool) -> None:
+        """One formed batch: TEI's size and token histograms, then the extras."""
+        tokens = batch.total_tokens
+        self.observe("te_batch_next_size", batch.size)
+        self.observe("te_batch_next_tokens", tokens)
+        if not ok:
+            self.inc("vectorpress_batch_failures")
+            return
+        computed = batch.max_seqlen * batch.size if padded else tokens
+        self.observe("vectorpress_batch_padding_efficiency", tokens / computed if computed else 1.0)
+        self.inc("vectorpress_batch_real_tokens", tokens)
+        self.inc("vectorpress_batch_computed_tokens", computed)
+        self.inc("vectorpress_tokens", tokens)
+        self.inc("vectorpress_backend_busy_seconds", elapsed)
+        now = time.monotonic()
+        with self._lock:
+            self._recent.append((now, tokens))
+            self._prune(now)  # here too, or a server nobody scrapes would grow without end
+
+    def _prune(self, now: float) -> None:
+        while self._recent and self._recent[0][0] < now - THROUGHPUT_WINDOW_S:
+            self._recent.popleft()
+
+    def _tokens_per_second(self) -> float:
+        now = time.monotonic()
+        with self._lock:
+            self._prune(now)
+            total = sum(n for _, n in self._recent)
+        return total / THROUGHPUT_WINDOW_S
+
+
+#: Series that only exist with their own labels; nothing is exported for them unlabelled.
+_LABELLED = ("te_request_count", "te_request_success", "te_request_failure")
 
 
 #: The content type of `render()`'s output.

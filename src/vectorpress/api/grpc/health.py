@@ -1,8 +1,11 @@
-"""grpc.health.v1 statuses that follow the backend, per service, as TEI sets them.
+"""grpc.health.v1 statuses that follow the backends, per service, as TEI sets them, and one
+service per served model.
 
-Info and Tokenize are always SERVING. The inference services the loaded model can answer start
-NOT_SERVING and then follow the backend's health (embedding -> Embed; classifier -> Predict;
-reranker -> Predict and Rerank); the others stay NOT_SERVING.
+Info and Tokenize are always SERVING. The inference services the loaded models can answer start
+NOT_SERVING and then follow the health of the models that answer them (embedding -> Embed;
+classifier -> Predict; reranker -> Predict and Rerank: SERVING when every such model is
+healthy); the others stay NOT_SERVING. Each model's served name is a service of its own that
+follows that model alone.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 
 from grpc_health.v1 import health, health_pb2
 
@@ -30,18 +34,20 @@ INFERENCE = ("tei.v1.Embed", "tei.v1.Predict", "tei.v1.Rerank")
 
 
 class HealthWatcher:
-    """Owns the health servicer and a task that re-checks the backend every `interval` s.
+    """Owns the health servicer and a task that re-checks every model every `interval` s.
 
     The check is Infer.health(): free after a good batch, a 1-token forward pass after a failed
     one, so an idle healthy server costs nothing and a broken one is noticed within `interval`.
     """
 
-    def __init__(self, infer: Infer, interval: float = 1.0) -> None:
-        self.infer = infer
+    def __init__(self, models: Sequence[tuple[str, Infer]], interval: float = 1.0) -> None:
+        self.models = tuple(models)
         self.interval = interval
         self.servicer = health.aio.HealthServicer()
-        self.followed = BY_KIND[infer.spec.kind]
-        self._healthy: bool | None = None
+        self.followed = tuple(
+            name for name in INFERENCE if any(name in BY_KIND[i.spec.kind] for _, i in models)
+        )
+        self._healthy: dict[str, bool] = {}
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -50,19 +56,28 @@ class HealthWatcher:
             await self.servicer.set(name, SERVING)
         for name in INFERENCE:
             await self.servicer.set(name, NOT_SERVING)
+        for name, _ in self.models:
+            await self.servicer.set(name, NOT_SERVING)
         await self.check()
         self._task = asyncio.ensure_future(self._watch())
 
     async def check(self) -> bool:
-        healthy = await self.infer.health()
-        if healthy != self._healthy:
-            self._healthy = healthy
-            status = SERVING if healthy else NOT_SERVING
-            for name in self.followed:
-                await self.servicer.set(name, status)
-            if not healthy:
-                log.warning("backend unhealthy: gRPC %s NOT_SERVING", ", ".join(self.followed))
-        return healthy
+        """Re-check every model; True when all are healthy."""
+        results = await asyncio.gather(*(infer.health() for _, infer in self.models))
+        healthy = {name: ok for (name, _), ok in zip(self.models, results, strict=True)}
+        if healthy == self._healthy:
+            return all(results)
+        self._healthy = healthy
+        for name, ok in healthy.items():
+            await self.servicer.set(name, SERVING if ok else NOT_SERVING)
+            if not ok:
+                log.warning("model %s unhealthy: its gRPC health service is NOT_SERVING", name)
+        for service in self.followed:
+            ok = all(
+                healthy[name] for name, infer in self.models if service in BY_KIND[infer.spec.kind]
+            )
+            await self.servicer.set(service, SERVING if ok else NOT_SERVING)
+        return all(results)
 
     async def _watch(self) -> None:
         while True:

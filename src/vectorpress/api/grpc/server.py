@@ -62,11 +62,11 @@ class GrpcServer:
         max_parallel_stream_requests: int = 1024,
     ) -> GrpcServer:
         interceptors: list[grpc.aio.ServerInterceptor] = []
-        if state.infer.tracer is not None:
+        if state.tracer is not None:
             from vectorpress.observability.middleware import GrpcTracingInterceptor
 
             # First, so the call's span (under the caller's traceparent) covers the key check.
-            interceptors.append(GrpcTracingInterceptor(state.infer.tracer))
+            interceptors.append(GrpcTracingInterceptor(state.tracer))
         if api_key:
             interceptors.append(ApiKeyInterceptor(api_key, SERVICES))
         # After the key check: nothing is decoded for a caller without the key.
@@ -77,7 +77,7 @@ class GrpcServer:
             options=[("grpc.so_reuseport", 0)],
         )
         add_services(server, state, max_parallel_stream_requests)
-        watcher = HealthWatcher(state.infer)
+        watcher = HealthWatcher([(m.name, m.infer) for m in state.models])
         health_pb2_grpc.add_HealthServicer_to_server(watcher.servicer, server)
         reflection.enable_server_reflection(
             (*SERVICES, HEALTH_SERVICE, reflection.SERVICE_NAME), server, pool=POOL

@@ -18,7 +18,7 @@ import grpc
 from vectorpress.api.grpc.streams import ordered
 from vectorpress.api.grpc.stubs import pb, pb_grpc
 from vectorpress.api.headers import timing_headers
-from vectorpress.api.state import AppState
+from vectorpress.api.state import AppState, ModelState
 from vectorpress.core import postprocess
 from vectorpress.core.infer import Result
 from vectorpress.core.tokenization import PairInput, Token
@@ -81,6 +81,10 @@ async def _fail(context: grpc.aio.ServicerContext, exc: Exception) -> None:
     await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the server log")
 
 
+#: The call metadata that names the model (absent: the default model).
+MODEL_KEY = "x-model"
+
+
 def _priority(context: grpc.aio.ServicerContext) -> str | None:
     """The call's `x-priority` metadata, as HTTP's header: which lane its inputs wait in."""
     for key, value in context.invocation_metadata() or ():
@@ -89,15 +93,26 @@ def _priority(context: grpc.aio.ServicerContext) -> str | None:
     return None
 
 
+def model_of(state: AppState, context: grpc.aio.ServicerContext) -> ModelState:
+    """The served model a call is for, by its `x-model` metadata."""
+    name = None
+    for key, value in context.invocation_metadata() or ():
+        if key == MODEL_KEY:
+            name = value.decode() if isinstance(value, bytes) else value
+            break
+    return state.models.get(name)
+
+
 class _Service:
     def __init__(self, state: AppState, max_parallel_stream_requests: int) -> None:
         self.state = state
-        self.infer = state.infer
         self.max_parallel = max_parallel_stream_requests
 
-    async def _unary(self, context: grpc.aio.ServicerContext, call: Awaitable[Answer]) -> Any:
+    async def _unary(
+        self, context: grpc.aio.ServicerContext, call: Callable[[ModelState], Awaitable[Answer]]
+    ) -> Any:
         try:
-            response, result = await call
+            response, result = await call(model_of(self.state, context))
         except Exception as exc:
             await _fail(context, exc)
             raise  # not reached: abort raises
@@ -109,17 +124,21 @@ class _Service:
         self,
         context: grpc.aio.ServicerContext,
         requests: AsyncIterable[Req],
-        handle: Callable[[Req], Awaitable[Answer]],
+        handle: Callable[[ModelState, Req], Awaitable[Answer]],
     ) -> AsyncIterator[Any]:
         try:
-            async for response, _ in ordered(requests, handle, self.max_parallel):
+            model = model_of(self.state, context)
+            async for response, _ in ordered(
+                requests, lambda r: handle(model, r), self.max_parallel
+            ):
                 yield response
         except Exception as exc:
             await _fail(context, exc)
 
-    def _require_reranker(self) -> None:
+    @staticmethod
+    def _require_reranker(model: ModelState) -> None:
         # TEI's gRPC words these two without the "Backend error: " of the other routes.
-        kind = self.infer.spec.kind
+        kind = model.infer.spec.kind
         if kind == "embedding":
             raise ModelTypeError("model is not a classifier model")
         if kind != "reranker":
@@ -128,7 +147,10 @@ class _Service:
 
 class InfoService(_Service, pb_grpc.InfoServicer):
     async def Info(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        info = self.state.info()
+        return await self._unary(context, self._info)
+
+    async def _info(self, model: ModelState) -> Answer:
+        info = model.info()
         optional_fields = {
             k: info[k]
             for k in ("sha", "docker_label", "model_sha", "max_batch_requests")
@@ -138,20 +160,22 @@ class InfoService(_Service, pb_grpc.InfoServicer):
             version=info["version"],
             model_id=info["model_id"],
             model_dtype=info["model_dtype"],
-            model_type=_MODEL_TYPES[self.infer.spec.kind],
+            model_type=_MODEL_TYPES[model.infer.spec.kind],
             max_concurrent_requests=info["max_concurrent_requests"],
             max_input_length=info["max_input_length"],
             max_batch_tokens=info["max_batch_tokens"],
             max_client_batch_size=info["max_client_batch_size"],
             tokenization_workers=info["tokenization_workers"],
             **optional_fields,
-        )
+        ), None
 
 
 class EmbedService(_Service, pb_grpc.EmbedServicer):
-    async def _embed(self, req: Any, wait: bool, priority: str | None = None) -> Answer:
+    async def _embed(
+        self, model: ModelState, req: Any, wait: bool, priority: str | None = None
+    ) -> Answer:
         normalize = optional(req, "normalize")
-        result = await self.infer.embed(
+        result = await model.infer.embed(
             [req.inputs],
             truncate=req.truncate,
             direction=direction(req.truncation_direction),
@@ -164,8 +188,10 @@ class EmbedService(_Service, pb_grpc.EmbedServicer):
         vector = result.values[0]
         return pb.EmbedResponse(embeddings=vector.tolist(), metadata=metadata(result)), result
 
-    async def _sparse(self, req: Any, wait: bool, priority: str | None = None) -> Answer:
-        result = await self.infer.embed_sparse(
+    async def _sparse(
+        self, model: ModelState, req: Any, wait: bool, priority: str | None = None
+    ) -> Answer:
+        result = await model.infer.embed_sparse(
             [req.inputs],
             truncate=req.truncate,
             direction=direction(req.truncation_direction),
@@ -180,8 +206,10 @@ class EmbedService(_Service, pb_grpc.EmbedServicer):
         ]
         return pb.EmbedSparseResponse(sparse_embeddings=sparse, metadata=metadata(result)), result
 
-    async def _all(self, req: Any, wait: bool, priority: str | None = None) -> Answer:
-        result = await self.infer.embed_all(
+    async def _all(
+        self, model: ModelState, req: Any, wait: bool, priority: str | None = None
+    ) -> Answer:
+        result = await model.infer.embed_all(
             [req.inputs],
             truncate=req.truncate,
             direction=direction(req.truncation_direction),
@@ -194,46 +222,40 @@ class EmbedService(_Service, pb_grpc.EmbedServicer):
 
     async def Embed(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self._unary(
-            context, self._embed(request, wait=False, priority=_priority(context))
+            context, lambda m: self._embed(m, request, False, _priority(context))
         )
 
     async def EmbedStream(
         self, request_iterator: Any, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
         async for response in self._stream(
-            context,
-            request_iterator,
-            lambda r: self._embed(r, wait=True, priority=_priority(context)),
+            context, request_iterator, lambda m, r: self._embed(m, r, True, _priority(context))
         ):
             yield response
 
     async def EmbedSparse(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self._unary(
-            context, self._sparse(request, wait=False, priority=_priority(context))
+            context, lambda m: self._sparse(m, request, False, _priority(context))
         )
 
     async def EmbedSparseStream(
         self, request_iterator: Any, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
         async for response in self._stream(
-            context,
-            request_iterator,
-            lambda r: self._sparse(r, wait=True, priority=_priority(context)),
+            context, request_iterator, lambda m, r: self._sparse(m, r, True, _priority(context))
         ):
             yield response
 
     async def EmbedAll(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self._unary(
-            context, self._all(request, wait=False, priority=_priority(context))
+            context, lambda m: self._all(m, request, False, _priority(context))
         )
 
     async def EmbedAllStream(
         self, request_iterator: Any, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
         async for response in self._stream(
-            context,
-            request_iterator,
-            lambda r: self._all(r, wait=True, priority=_priority(context)),
+            context, request_iterator, lambda m, r: self._all(m, r, True, _priority(context))
         ):
             yield response
 
@@ -248,9 +270,14 @@ def _pair(texts: Any) -> PairInput:
 
 class PredictService(_Service, pb_grpc.PredictServicer):
     async def _predict(
-        self, inputs: PairInput, req: Any, wait: bool, priority: str | None = None
+        self,
+        model: ModelState,
+        inputs: PairInput,
+        req: Any,
+        wait: bool,
+        priority: str | None = None,
     ) -> Answer:
-        result = await self.infer.predict(
+        result = await model.infer.predict(
             [inputs],
             truncate=req.truncate,
             direction=direction(req.truncation_direction),
@@ -261,16 +288,20 @@ class PredictService(_Service, pb_grpc.PredictServicer):
         predictions = [pb.Prediction(score=s, label=label) for label, s in result.values[0]]
         return pb.PredictResponse(predictions=predictions, metadata=metadata(result)), result
 
-    async def _predict_pair(self, req: Any, wait: bool, priority: str | None = None) -> Answer:
-        return await self._predict(_pair(req.inputs), req, wait, priority)
+    async def _predict_pair(
+        self, model: ModelState, req: Any, wait: bool, priority: str | None = None
+    ) -> Answer:
+        return await self._predict(model, _pair(req.inputs), req, wait, priority)
 
     async def Predict(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self._unary(
-            context, self._predict(request.inputs, request, False, _priority(context))
+            context, lambda m: self._predict(m, request.inputs, request, False, _priority(context))
         )
 
     async def PredictPair(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unary(context, self._predict_pair(request, False, _priority(context)))
+        return await self._unary(
+            context, lambda m: self._predict_pair(m, request, False, _priority(context))
+        )
 
     async def PredictStream(
         self, request_iterator: Any, context: grpc.aio.ServicerContext
@@ -278,7 +309,7 @@ class PredictService(_Service, pb_grpc.PredictServicer):
         async for response in self._stream(
             context,
             request_iterator,
-            lambda r: self._predict(r.inputs, r, True, _priority(context)),
+            lambda m, r: self._predict(m, r.inputs, r, True, _priority(context)),
         ):
             yield response
 
@@ -286,7 +317,9 @@ class PredictService(_Service, pb_grpc.PredictServicer):
         self, request_iterator: Any, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
         async for response in self._stream(
-            context, request_iterator, lambda r: self._predict_pair(r, True, _priority(context))
+            context,
+            request_iterator,
+            lambda m, r: self._predict_pair(m, r, True, _priority(context)),
         ):
             yield response
 
@@ -297,13 +330,13 @@ class RerankService(_Service, pb_grpc.RerankServicer):
             return [pb.Rank(index=i, score=s) for i, s in order]
         return [pb.Rank(index=i, score=s, text=texts[i]) for i, s in order]
 
-    async def _rerank(self, req: Any, priority: str | None = None) -> Answer:
+    async def _rerank(self, model: ModelState, req: Any, priority: str | None = None) -> Answer:
         texts = list(req.texts)
         if not texts:
             # INVALID_ARGUMENT either way; TEI's gRPC reports this one as Validation.
             raise ValidationError("`texts` cannot be empty")
-        self._require_reranker()
-        result = await self.infer.rerank(
+        self._require_reranker(model)
+        result = await model.infer.rerank(
             req.query,
             texts,
             truncate=req.truncate,
@@ -316,9 +349,9 @@ class RerankService(_Service, pb_grpc.RerankServicer):
         return pb.RerankResponse(ranks=ranks, metadata=metadata(result)), result
 
     async def _rerank_stream(
-        self, requests: AsyncIterable[Any], priority: str | None = None
+        self, model: ModelState, requests: AsyncIterable[Any], priority: str | None = None
     ) -> Answer:
-        self._require_reranker()
+        self._require_reranker(model)
         started = time.perf_counter()
         first: list[Any] = []
         texts: list[str] = []
@@ -327,7 +360,7 @@ class RerankService(_Service, pb_grpc.RerankServicer):
             if not first:
                 first.append(m)  # raw_scores and return_text come from the first message
             texts.append(m.text)
-            return self.infer.predict(
+            return model.infer.predict(
                 [(m.query, m.text)],
                 truncate=m.truncate,
                 direction=direction(m.truncation_direction),
@@ -357,10 +390,12 @@ class RerankService(_Service, pb_grpc.RerankServicer):
         return pb.RerankResponse(ranks=ranks, metadata=metadata(total)), total
 
     async def Rerank(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unary(context, self._rerank(request, _priority(context)))
+        return await self._unary(context, lambda m: self._rerank(m, request, _priority(context)))
 
     async def RerankStream(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unary(context, self._rerank_stream(request_iterator, _priority(context)))
+        return await self._unary(
+            context, lambda m: self._rerank_stream(m, request_iterator, _priority(context))
+        )
 
 
 def _token(t: Token) -> Any:
@@ -369,22 +404,22 @@ def _token(t: Token) -> Any:
 
 
 class TokenizeService(_Service, pb_grpc.TokenizeServicer):
-    async def _tokenize(self, req: Any) -> Answer:
-        tokens = await self.infer.tokenize(
+    async def _tokenize(self, model: ModelState, req: Any) -> Answer:
+        tokens = await model.infer.tokenize(
             [req.inputs],
             add_special_tokens=req.add_special_tokens,
             prompt_name=optional(req, "prompt_name"),
         )
         return pb.EncodeResponse(tokens=[_token(t) for t in tokens[0]]), None
 
-    async def _decode(self, req: Any) -> Answer:
-        texts = await self.infer.decode(
+    async def _decode(self, model: ModelState, req: Any) -> Answer:
+        texts = await model.infer.decode(
             [list(req.ids)], skip_special_tokens=req.skip_special_tokens
         )
         return pb.DecodeResponse(text=texts[0]), None
 
     async def Tokenize(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unary(context, self._tokenize(request))
+        return await self._unary(context, lambda m: self._tokenize(m, request))
 
     async def TokenizeStream(
         self, request_iterator: Any, context: grpc.aio.ServicerContext
@@ -393,7 +428,7 @@ class TokenizeService(_Service, pb_grpc.TokenizeServicer):
             yield response
 
     async def Decode(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unary(context, self._decode(request))
+        return await self._unary(context, lambda m: self._decode(m, request))
 
     async def DecodeStream(
         self, request_iterator: Any, context: grpc.aio.ServicerContext

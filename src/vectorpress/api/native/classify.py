@@ -16,14 +16,15 @@ from vectorpress.api.native.schemas import (
     predict_batch,
     to_truncation,
 )
-from vectorpress.api.state import AppState, get_state
+from vectorpress.api.routing import model_for
+from vectorpress.api.state import ModelState
 from vectorpress.core.infer import Result
 
 router = APIRouter(tags=["Text Embeddings Inference"])
 
 
 async def run_predict(
-    state: AppState, body: PredictRequest, priority: str | None = None
+    state: ModelState, body: PredictRequest, priority: str | None = None
 ) -> tuple[Any, Result[Any]]:
     inputs, is_batch = predict_batch(body.inputs)
     result = await state.infer.predict(
@@ -42,7 +43,7 @@ async def run_predict(
 
 
 async def run_rerank(
-    state: AppState, body: RerankRequest, priority: str | None = None
+    state: ModelState, body: RerankRequest, priority: str | None = None
 ) -> tuple[Any, Result[Any]]:
     result = await state.infer.rerank(
         body.query,
@@ -67,7 +68,9 @@ async def run_rerank(
     "(sigmoid for one label, softmax otherwise)",
 )
 async def predict(body: PredictRequest, request: Request) -> Response:
-    payload, result = await run_predict(get_state(request), body, priority_header(request))
+    payload, result = await run_predict(
+        model_for(request, body.model), body, priority_header(request)
+    )
     return json_response(payload, timing_headers(result))
 
 
@@ -75,5 +78,7 @@ async def predict(body: PredictRequest, request: Request) -> Response:
     "/rerank", summary="Score (query, text) pairs with a cross-encoder; best first, ties by index"
 )
 async def rerank(body: RerankRequest, request: Request) -> Response:
-    payload, result = await run_rerank(get_state(request), body, priority_header(request))
+    payload, result = await run_rerank(
+        model_for(request, body.model), body, priority_header(request)
+    )
     return json_response(payload, timing_headers(result))

@@ -32,16 +32,17 @@ from vectorpress.api.native.schemas import (
     SimilarityRequest,
     VertexRequest,
 )
-from vectorpress.api.state import AppState, get_state
+from vectorpress.api.routing import model_for
+from vectorpress.api.state import ModelState
 from vectorpress.core.infer import Result
 from vectorpress.errors import BatchSizeError
 
 router = APIRouter(tags=["Text Embeddings Inference"])
 
-Handler = Callable[[AppState, Any, str | None], Awaitable[tuple[Any, Result[Any]]]]
+Handler = Callable[[ModelState, Any, str | None], Awaitable[tuple[Any, Result[Any]]]]
 
 
-def default_route(state: AppState) -> tuple[type[BaseModel], Handler]:
+def default_route(state: ModelState) -> tuple[type[BaseModel], Handler]:
     """What POST / means for the served model, as TEI decides it."""
     spec = state.infer.spec
     if spec.kind == "classifier":
@@ -55,10 +56,18 @@ def default_route(state: AppState) -> tuple[type[BaseModel], Handler]:
     return EmbedRequest, run_embed
 
 
+def body_model(data: Any) -> str | None:
+    """The `model` of a body read before its type is known (a wrong type is left for the
+    body's validation to report)."""
+    model = data.get("model") if isinstance(data, dict) else None
+    return model if isinstance(model, str) else None
+
+
 async def _default(request: Request) -> Response:
-    state = get_state(request)
+    data = await read_json(request)
+    state = model_for(request, body_model(data))
     model, handler = default_route(state)
-    body = validate(model, await read_json(request))
+    body = validate(model, data)
     payload, result = await handler(state, body, priority_header(request))
     return json_response(payload, timing_headers(result))
 
@@ -71,7 +80,7 @@ router.add_api_route("/", _default, methods=["POST"], summary=_DEFAULT_DOC)
 router.add_api_route("/invocations", _default, methods=["POST"], summary=_DEFAULT_DOC)
 
 
-async def _instance(state: AppState, data: dict[str, Any], priority: str | None) -> Any:
+async def _instance(state: ModelState, data: dict[str, Any], priority: str | None) -> Any:
     # Like TEI, an instance with a query and texts is a rerank request whatever the model.
     if "query" in data and "texts" in data:
         payload, _ = await run_rerank(state, validate_instance(RerankRequest, data), priority)
@@ -90,7 +99,7 @@ async def _instance(state: AppState, data: dict[str, Any], priority: str | None)
     summary="Vertex AI prediction: each of `instances` is a request to the model's own route",
 )
 async def vertex(body: VertexRequest, request: Request) -> Response:
-    state = get_state(request)
+    state = model_for(request, body.model)
     limit = state.settings.max_client_batch_size
     if len(body.instances) > limit:
         raise BatchSizeError(

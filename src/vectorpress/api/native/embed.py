@@ -18,14 +18,15 @@ from vectorpress.api.native.schemas import (
     as_batch,
     to_truncation,
 )
-from vectorpress.api.state import AppState, get_state
+from vectorpress.api.routing import model_for
+from vectorpress.api.state import ModelState
 from vectorpress.core.infer import Result
 
 router = APIRouter(tags=["Text Embeddings Inference"])
 
 
 async def run_embed(
-    state: AppState, body: EmbedRequest, priority: str | None = None
+    state: ModelState, body: EmbedRequest, priority: str | None = None
 ) -> tuple[Any, Result[Any]]:
     inputs, is_batch = as_batch(body.inputs)
     result = await state.infer.embed(
@@ -42,7 +43,7 @@ async def run_embed(
 
 
 async def run_embed_all(
-    state: AppState, body: EmbedAllRequest, priority: str | None = None
+    state: ModelState, body: EmbedAllRequest, priority: str | None = None
 ) -> tuple[Any, Result[Any]]:
     inputs, is_batch = as_batch(body.inputs)
     result = await state.infer.embed_all(
@@ -57,7 +58,7 @@ async def run_embed_all(
 
 
 async def run_embed_sparse(
-    state: AppState, body: EmbedSparseRequest, priority: str | None = None
+    state: ModelState, body: EmbedSparseRequest, priority: str | None = None
 ) -> tuple[Any, Result[Any]]:
     inputs, is_batch = as_batch(body.inputs)
     result = await state.infer.embed_sparse(
@@ -78,7 +79,7 @@ async def run_embed_sparse(
 
 
 async def run_similarity(
-    state: AppState, body: SimilarityRequest, priority: str | None = None
+    state: ModelState, body: SimilarityRequest, priority: str | None = None
 ) -> tuple[Any, Result[Any]]:
     params = body.parameters
     result = await state.infer.similarity(
@@ -94,23 +95,31 @@ async def run_similarity(
 
 @router.post("/embed", summary="Pooled embeddings, one vector per input (normalized by default)")
 async def embed(body: EmbedRequest, request: Request) -> Response:
-    payload, result = await run_embed(get_state(request), body, priority_header(request))
+    payload, result = await run_embed(
+        model_for(request, body.model), body, priority_header(request)
+    )
     return json_response(payload, timing_headers(result))
 
 
 @router.post("/embed_all", summary="The last hidden state of every token of every input")
 async def embed_all(body: EmbedAllRequest, request: Request) -> Response:
-    payload, result = await run_embed_all(get_state(request), body, priority_header(request))
+    payload, result = await run_embed_all(
+        model_for(request, body.model), body, priority_header(request)
+    )
     return json_response(payload, timing_headers(result))
 
 
 @router.post("/embed_sparse", summary="SPLADE sparse embeddings: the non-zero (index, value)s")
 async def embed_sparse(body: EmbedSparseRequest, request: Request) -> Response:
-    payload, result = await run_embed_sparse(get_state(request), body, priority_header(request))
+    payload, result = await run_embed_sparse(
+        model_for(request, body.model), body, priority_header(request)
+    )
     return json_response(payload, timing_headers(result))
 
 
 @router.post("/similarity", summary="Cosine similarity of each sentence with a source sentence")
 async def similarity(body: SimilarityRequest, request: Request) -> Response:
-    payload, result = await run_similarity(get_state(request), body, priority_header(request))
+    payload, result = await run_similarity(
+        model_for(request, body.model), body, priority_header(request)
+    )
     return json_response(payload, timing_headers(result))

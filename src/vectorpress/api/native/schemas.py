@@ -62,6 +62,9 @@ def predict_batch(inputs: PredictInput) -> tuple[list[PairInput], bool]:
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
+    model: StrictStr | None = None
+    """Which served model answers (its name or an alias); the default model when absent."""
+
 
 #: Which lane a request's inputs wait in; absent, its size decides (see LanePolicy).
 Priority = Literal["interactive", "bulk"]

@@ -14,7 +14,8 @@ from vectorpress.api.headers import timing_headers
 from vectorpress.api.native.common import json_response, priority_header
 from vectorpress.api.native.schemas import as_batch
 from vectorpress.api.openai.schemas import EmbeddingsRequest
-from vectorpress.api.state import AppState, get_state
+from vectorpress.api.routing import model_for
+from vectorpress.api.state import ModelState
 from vectorpress.core.infer import Result
 
 log = logging.getLogger(__name__)
@@ -28,10 +29,10 @@ def _b64(vector: np.ndarray) -> str:
 
 
 async def run_embeddings(
-    state: AppState, body: EmbeddingsRequest, priority: str | None = None
+    state: ModelState, body: EmbeddingsRequest, priority: str | None = None
 ) -> tuple[Any, Result[Any]]:
-    name = state.settings.model_name
-    if body.model is not None and body.model != name:
+    name = state.name
+    if body.model is not None and body.model not in state.names:
         log.warning("request asks for model %r; serving %r", body.model, name)
     inputs, is_batch = as_batch(body.input)
     # No per-request truncation here: OpenAI's API has none, so --auto-truncate decides.
@@ -52,7 +53,9 @@ async def run_embeddings(
 
 
 async def embeddings(body: EmbeddingsRequest, request: Request) -> Response:
-    payload, result = await run_embeddings(get_state(request), body, priority_header(request))
+    payload, result = await run_embeddings(
+        model_for(request, body.model), body, priority_header(request)
+    )
     return json_response(payload, timing_headers(result))
 
 

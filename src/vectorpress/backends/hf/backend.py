@@ -1,27 +1,30 @@
 """HFBackend: transformers' own modules on padded batches, for architectures with no native model.
 
-Each batch runs as length buckets (`backends/buckets.py`), padded on the right within a bucket.
+Each batch runs as length buckets (`backends/common/buckets.py`), padded on the right within a
+bucket.
 
 The model runs exactly as sentence-transformers runs it (input ids, attention mask and token
 types only, the model computing its own positions), so its numbers are the reference's. The
-padded output is packed again right after the forward pass: pooling, SPLADE and Dense are the
-torch backend's, written once.
+padded output is packed again right after the forward pass: pooling, SPLADE and Dense are
+`backends/common`'s, written once for every backend.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from vectorpress.backends.buckets import buckets, padded_inputs
+from vectorpress.backends.common.buckets import buckets, padded_inputs
+from vectorpress.backends.common.dense import load_dense
+from vectorpress.backends.common.device import pick_device
+from vectorpress.backends.common.pooling import pool, splade_from_logits
+from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.backends.preemption import add_layer_points
-from vectorpress.backends.torch.attention import PackedSequences
-from vectorpress.backends.torch.heads import load_dense
-from vectorpress.backends.torch.pooling import pool, splade_from_logits
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec
 from vectorpress.types import Batch, BatchOutput
@@ -64,7 +67,16 @@ class HFBackend:
     is_padded = False
     max_batch_size: int | None = None
 
-    def __init__(self, spec: ModelSpec, device: str = "cpu", dtype: str | None = None) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        device: str = "cpu",
+        dtype: str | None = None,
+        cache_dir: Path | None = None,
+    ) -> None:
+        """The signature every backend shares (see `backends.base.Backend`); transformers
+        loads the checkpoint as it is, so `cache_dir` goes unused."""
+        device = pick_device(device)
         self.spec = spec
         self.device = device
         # Gemma's activations outgrow float16's range; its authors run it in bfloat16.

@@ -8,7 +8,7 @@ The graph takes padded `(batch, length)` inputs. Padding a whole batch to its lo
 wastes most of the work on mixed lengths (a batch of 32 in arrival order carries about 2.5x
 its real tokens), so each batch is sorted by length and cut into buckets whose padded cost,
 plus a fixed per-call cost, is the least (`buckets`). The hidden states come back unpadded
-into the packed layout, so pooling, Dense modules and raw outputs are the torch backend's own.
+into the packed layout, so pooling, Dense modules and raw outputs are `backends/common`'s.
 """
 
 from __future__ import annotations
@@ -20,21 +20,22 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vectorpress.backends.buckets import buckets, padded_inputs
-from vectorpress.backends.torch.attention import PackedSequences
-from vectorpress.backends.torch.backend import load_head
-from vectorpress.backends.torch.heads import MLMHead, load_dense
-from vectorpress.backends.torch.passes import num_threads
-from vectorpress.backends.torch.pooling import (
+from vectorpress.backends.common.buckets import buckets, padded_inputs
+from vectorpress.backends.common.cache import build_cache
+from vectorpress.backends.common.dense import load_dense
+from vectorpress.backends.common.pooling import (
     pool,
     splade_block_rows,
     splade_from_logits,
     splade_vectors,
 )
+from vectorpress.backends.common.sequences import PackedSequences
+from vectorpress.backends.common.threads import num_threads
+from vectorpress.backends.torch.backend import load_head
+from vectorpress.backends.torch.heads import MLMHead
 from vectorpress.backends.torch.registry import lookup
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec
-from vectorpress.settings import ModelSettings
 from vectorpress.types import Batch, BatchOutput
 
 log = logging.getLogger(__name__)
@@ -56,15 +57,7 @@ def find_onnx_file(folder: Path) -> Path | None:
     return next((folder / n for n in ONNX_FILES if (folder / n).is_file()), None)
 
 
-def graph_cache(settings: ModelSettings) -> Path:
-    """Where graphs exported at start-up are kept: beside the downloads, so a cache volume that
-    keeps the weights between restarts keeps the graph too."""
-    from huggingface_hub import constants
-
-    return Path(settings.huggingface_hub_cache or constants.HF_HUB_CACHE) / "vectorpress-onnx"
-
-
-def onnx_graph(spec: ModelSpec, settings: ModelSettings) -> Path:
+def onnx_graph(spec: ModelSpec, cache_dir: Path) -> Path:
     """The checkpoint's own graph, or one exported from its weights (once, then cached)."""
     shipped = find_onnx_file(spec.path)
     if shipped is not None:
@@ -74,7 +67,7 @@ def onnx_graph(spec: ModelSpec, settings: ModelSettings) -> Path:
     kind = "embedding" if spec.kind == "embedding" else "classifier"
     if spec.is_splade and not native_mlm_head(spec):
         kind = "mlm"  # the graph ends in the head's scores; else the head runs in torch
-    return cached_graph(spec.path, kind, graph_cache(settings))
+    return cached_graph(spec.path, kind, cache_dir)
 
 
 def native_mlm_head(spec: ModelSpec) -> bool:
@@ -82,11 +75,11 @@ def native_mlm_head(spec: ModelSpec) -> bool:
     return arch is not None and arch.mlm is not None
 
 
-def int8_graph(graph: Path, spec: ModelSpec, settings: ModelSettings) -> Path:
+def int8_graph(graph: Path, spec: ModelSpec, cache_dir: Path) -> Path:
     """`graph` with its linear layers in int8 (`quantize.py`), built once and cached."""
+    from vectorpress.backends.common.calibration import CALIBRATION, calibration_batch
     from vectorpress.backends.onnx.export import build_once
     from vectorpress.backends.onnx.quantize import Report, int8_key, quantize_graph
-    from vectorpress.backends.torch.int8 import CALIBRATION, calibration_batch
 
     def build(out: Path) -> None:
         log.info("quantizing %s to int8 once, into %s", graph, out.parent.parent)
@@ -94,7 +87,7 @@ def int8_graph(graph: Path, spec: ModelSpec, settings: ModelSettings) -> Path:
         quantize_graph(graph, out, [padded_inputs(batch, [i]) for i in range(batch.size)])
 
     int8 = build_once(
-        graph_cache(settings) / int8_key(graph, CALIBRATION),
+        cache_dir / int8_key(graph, CALIBRATION),
         build,
         f"cannot quantize {graph} to int8",
         "serve it without --dtype int8",
@@ -112,23 +105,33 @@ class OnnxBackend:
     is_padded = False
     max_batch_size: int | None = None
 
-    def __init__(self, spec: ModelSpec, settings: ModelSettings) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        device: str = "cpu",
+        dtype: str | None = None,
+        cache_dir: Path | None = None,
+    ) -> None:
+        """The signature every backend shares (see `backends.base.Backend`). `device` "auto"
+        takes CUDA where this onnxruntime build has its provider; graphs exported or quantized
+        here are kept under `cache_dir` (`common.cache.build_cache()` when not given)."""
+        cache_dir = cache_dir or build_cache()
         try:
             import onnxruntime as ort
         except ImportError:
             raise StartupError(
                 "--backend onnx needs onnxruntime: pip install 'vectorpress[onnx]'"
             ) from None
-        if settings.dtype not in (None, "float32", "int8"):
+        if dtype not in (None, "float32", "int8"):
             raise StartupError(
                 f"--backend onnx runs the graph's own precision, or int8 with --dtype int8; "
-                f"--dtype {settings.dtype} cannot apply"
+                f"--dtype {dtype} cannot apply"
             )
-        int8 = settings.dtype == "int8"
-        if int8 and settings.device == "cuda":
+        int8 = dtype == "int8"
+        if int8 and device == "cuda":
             raise StartupError("--dtype int8 runs on the CPU only")
         self.spec = spec
-        self.path = onnx_graph(spec, settings)
+        self.path = onnx_graph(spec, cache_dir)
         self.dtype = "float32"
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -136,8 +139,8 @@ class OnnxBackend:
         options.inter_op_num_threads = 1
         providers = ["CPUExecutionProvider"]
         self.device = "cpu"
-        if settings.device == "cuda" or (
-            settings.device == "auto"
+        if device == "cuda" or (
+            device == "auto"
             and not int8
             and "CUDAExecutionProvider" in ort.get_available_providers()
         ):
@@ -146,7 +149,7 @@ class OnnxBackend:
             providers.insert(0, "CUDAExecutionProvider")
             self.device = "cuda"
         if int8:
-            self.path = int8_graph(self.path, spec, settings)
+            self.path = int8_graph(self.path, spec, cache_dir)
             self.dtype = "int8"
         try:
             self.session = ort.InferenceSession(str(self.path), options, providers=providers)

@@ -35,7 +35,7 @@ import onnx
 import torch
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
-from vectorpress.backends.torch.int8 import ALPHA, WEIGHT_LEVELS, row_range, smoothing
+from vectorpress.backends.common.calibration import ALPHA, WEIGHT_LEVELS, row_range, smoothing
 from vectorpress.errors import StartupError
 
 log = logging.getLogger(__name__)

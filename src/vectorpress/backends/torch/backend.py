@@ -4,28 +4,28 @@ from __future__ import annotations
 
 import logging
 import re
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-from vectorpress.backends.preemption import add_layer_points
-from vectorpress.backends.torch.attention import PackedSequences, varlen_usable
-from vectorpress.backends.torch.heads import ClassificationHead, MLMHead, load_dense
-from vectorpress.backends.torch.int8 import (
-    INT8_PASS_TOKENS,
-    calibration_batch,
-    int8_ready,
-    quantize_linears,
-)
-from vectorpress.backends.torch.layers import onednn_supported
-from vectorpress.backends.torch.loader import load_state_dict, remap, strict_load
-from vectorpress.backends.torch.passes import CPU_PASS_TOKENS, CpuPasses, PassPlan, plan_passes
-from vectorpress.backends.torch.pooling import (
+from vectorpress.backends.common.calibration import calibration_batch
+from vectorpress.backends.common.dense import load_dense
+from vectorpress.backends.common.device import pick_device
+from vectorpress.backends.common.loader import load_state_dict, remap, strict_load
+from vectorpress.backends.common.pooling import (
     last_non_pad_rows,
     pool,
     splade_vectors,
 )
+from vectorpress.backends.common.sequences import PackedSequences
+from vectorpress.backends.preemption import add_layer_points
+from vectorpress.backends.torch.attention import varlen_usable
+from vectorpress.backends.torch.heads import ClassificationHead, MLMHead
+from vectorpress.backends.torch.int8 import INT8_PASS_TOKENS, int8_ready, quantize_linears
+from vectorpress.backends.torch.layers import onednn_supported
+from vectorpress.backends.torch.passes import CPU_PASS_TOKENS, CpuPasses, PassPlan, plan_passes
 from vectorpress.backends.torch.registry import Architecture, HeadRules, lookup
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec
@@ -116,14 +116,6 @@ def _threads(n: int) -> str:
     return "1 thread" if n == 1 else "all threads"
 
 
-def pick_device(requested: str) -> str:
-    if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise StartupError("--device cuda was asked for but no CUDA device is available")
-    return requested
-
-
 class TorchBackend:
     """Runs the native model on the flat tensor of a batch's real tokens."""
 
@@ -131,7 +123,18 @@ class TorchBackend:
     is_padded = False
     max_batch_size: int | None = None
 
-    def __init__(self, spec: ModelSpec, device: str = "cpu", dtype: str | None = None) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        device: str = "cpu",
+        dtype: str | None = None,
+        cache_dir: Path | None = None,
+    ) -> None:
+        """The signature every backend shares (see `backends.base.Backend`); this one builds
+        nothing at start-up worth keeping, so `cache_dir` goes unused."""
+        if dtype == "int8" and device == "cuda":
+            raise StartupError("--dtype int8 runs on the CPU only (--device cpu)")
+        device = pick_device(device)
         arch = lookup(spec.model_type)
         if arch is None:
             raise StartupError(f"model_type {spec.model_type!r} has no native implementation")

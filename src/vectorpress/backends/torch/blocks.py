@@ -14,8 +14,10 @@ import torch
 from torch import nn
 
 from vectorpress.backends import preemption
-from vectorpress.backends.torch.attention import PackedSequences, packed_attention
-from vectorpress.backends.torch.layers import Activation, FusedLinear, activation
+from vectorpress.backends.common.activations import Activation, activation
+from vectorpress.backends.common.sequences import PackedSequences
+from vectorpress.backends.torch.attention import packed_attention
+from vectorpress.backends.torch.layers import FusedLinear
 
 
 def merged(*linears: nn.Linear, act: str | None = None, fast: bool = True) -> FusedLinear:

@@ -6,15 +6,12 @@ which checkpoint keys land here.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from torch import nn
 
-from vectorpress.backends.torch.layers import Activation, FusedLinear, activation
+from vectorpress.backends.common.activations import Activation, activation
+from vectorpress.backends.torch.layers import FusedLinear
 from vectorpress.backends.torch.passes import bucket_rows
-from vectorpress.errors import StartupError
-from vectorpress.model_spec import DenseSpec
 
 
 class ClassificationHead(nn.Module):
@@ -80,6 +77,7 @@ class MLMHead(nn.Module):
         self.layer_norm = nn.LayerNorm(hidden, eps=eps, bias=norm_bias)
         self.decoder = nn.Linear(hidden, vocab, bias=False)
         self.bias = nn.Parameter(torch.zeros(vocab)) if decoder_bias else None
+        self.vocab_size = vocab
         self._decoder: FusedLinear | None = None
 
     def fuse(self) -> None:
@@ -114,28 +112,3 @@ class MLMHead(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         x = self.vocab_scores(self.transform(hidden))
         return x + self.bias if self.bias is not None else x
-
-
-class Dense(nn.Module):
-    """A sentence-transformers Dense module: linear then activation."""
-
-    def __init__(self, spec: DenseSpec) -> None:
-        super().__init__()
-        self.linear = nn.Linear(spec.in_features, spec.out_features, bias=spec.bias)
-        self.act = activation(spec.activation) if spec.activation != "sigmoid" else torch.sigmoid
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(self.linear(x))
-
-
-def load_dense(spec: DenseSpec) -> Dense:
-    from vectorpress.backends.torch.loader import load_state_dict, strict_load
-
-    module = Dense(spec)
-    path = Path(spec.path)
-    state = load_state_dict(path)
-    state = {k.removeprefix("0."): v for k, v in state.items()}
-    if not state:
-        raise StartupError(f"Dense module {path} has no weights")
-    strict_load(module, state, what=f"Dense module {path.name}")
-    return module

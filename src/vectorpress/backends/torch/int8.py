@@ -5,8 +5,8 @@ float32, 200 texts): one scale per token for activations (one per tensor, as fbg
 linear takes it, gave 0.982 at best: a long text's outliers coarsen every other text of its
 pass, and a vector would depend on its batch-mates), one per output channel for weights, and
 SmoothQuant's per-channel migration of activation outliers into the weights (alpha 0.5,
-calibrated once at start-up on `data/calibration.txt`): minimum 0.9957 with it, 0.9904 without,
-in the probe that chose it; the recipe as shipped keeps >= 0.9927 on all 1,200 texts of the
+calibrated once at start-up on `common/data/calibration.txt`): minimum 0.9957 with it, 0.9904
+without, in the probe that chose it; the recipe as shipped keeps >= 0.9927 on all 1,200 texts of the
 default corpus with 7-bit weights (tests/perf/test_int8.py). Weights keep 8 bits on CPUs with
 VNNI (minimum 0.9959 on those 1,200 texts) and 7 bits elsewhere: on AVX2 without VNNI the kernel
 sums pairs of u8 x s8 products in 16 bits with saturation (255 x 127 x 2 overflows; 255 x 63 x
@@ -21,30 +21,16 @@ import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer
 from torch import nn
 
-from vectorpress.backends.torch.attention import PackedSequences
+from vectorpress.backends.common.calibration import ALPHA, WEIGHT_LEVELS, row_range, smoothing
+from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.backends.torch.layers import FusedLinear, fused_linears, observe_linears
 from vectorpress.errors import StartupError
-from vectorpress.model_spec import ModelSpec
-from vectorpress.types import Batch, Encoding
 
-CALIBRATION = Path(__file__).with_name("data") / "calibration.txt"
-ALPHA = 0.5
-
-
-def weight_levels() -> int:
-    """Levels on each side of zero an int8 weight may take here (see the module's note)."""
-    vnni = getattr(torch.cpu, "_is_vnni_supported", None)
-    return 127 if vnni is not None and vnni() else 63
-
-
-WEIGHT_LEVELS = weight_levels()
 # Passes of 2,048 tokens: the per-token scaling passes over every activation once more, and at
 # 4,096 tokens those no longer stay in the caches (alone, a 4,096-token pass ran 1.2-1.3x
 # float32's speed and 1,024 tokens 1.4-1.5x; on the corpus 2,048 did best).
@@ -85,21 +71,6 @@ def int8_ready() -> None:
             "--dtype int8 needs PyTorch's fbgemm int8 kernels (x86 CPUs, torch >= 2.1); this "
             f"build has {', '.join(engines)}"
         )
-
-
-def row_range(low: float) -> float:
-    """A layer's calibrated `low` (how far below zero its rows reach, relative to their top),
-    kept where a scale stays usable: [1/64, 1]."""
-    return min(max(low, 1 / 64), 1.0)
-
-
-def smoothing(weight: torch.Tensor, amax: torch.Tensor | None, alpha: float) -> torch.Tensor:
-    """SmoothQuant's factor per input channel: the weights are multiplied by it and the
-    activations divided, so that channels with outliers lose their range to the weights."""
-    if amax is None:  # never met in calibration
-        return torch.ones(weight.shape[1])
-    w = weight.detach().float()
-    return amax.float().clamp_min(1e-5) ** alpha / (w.abs().amax(0).clamp_min(1e-5) ** (1 - alpha))
 
 
 @dataclass(frozen=True)
@@ -151,22 +122,6 @@ class Int8Weights:
         y: torch.Tensor = self.linear(body, self.in_scale, self.in_zero, self.packed)
         y = y.mul_(scale) if bias is None else torch.addcmul(bias, y, scale, out=y)
         return y.view(*shape[:-1], y.shape[-1])
-
-
-def calibration_batch(spec: ModelSpec) -> Batch:
-    path = spec.path / "tokenizer.json"
-    if not path.is_file():
-        raise StartupError(f"{spec.path} has no tokenizer.json to calibrate --dtype int8 with")
-    tok = Tokenizer.from_file(str(path))
-    tok.no_padding()
-    tok.enable_truncation(spec.max_input_length)
-    texts = [t for t in CALIBRATION.read_text(encoding="utf-8").splitlines() if t.strip()]
-    return Batch.from_encodings(
-        [
-            Encoding(ids=e.ids, type_ids=e.type_ids, position_offset=spec.position_offset)
-            for e in tok.encode_batch(texts)
-        ]
-    )
 
 
 def quantize_linears(

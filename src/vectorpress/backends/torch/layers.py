@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from vectorpress.errors import StartupError
+from vectorpress.backends.common.activations import Activation, activation
 
 if TYPE_CHECKING:
     from torch import nn
@@ -21,28 +21,6 @@ if TYPE_CHECKING:
     from vectorpress.backends.torch.int8 import Int8Weights
 
 log = logging.getLogger(__name__)
-
-Activation = Callable[[torch.Tensor], torch.Tensor]
-
-
-def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    return F.gelu(x, approximate="tanh")
-
-
-# Names as transformers' ACT2FN spells them. "gelu" is the exact erf form there, and parity with
-# the reference needs the same choice (TEI switched to tanh in 1.9 and drifts by ~1e-4).
-_ACTIVATIONS: dict[str, Activation] = {
-    "gelu": F.gelu,
-    "gelu_new": _gelu_tanh,
-    "gelu_pytorch_tanh": _gelu_tanh,
-    "gelu_fast": _gelu_tanh,
-    "relu": F.relu,
-    "silu": F.silu,
-    "swish": F.silu,
-    "tanh": torch.tanh,
-    "identity": lambda x: x,
-}
-
 
 # In-place forms, for outputs no one else holds (a GEMM's fresh result): a 4,096 x 1,536 GELU
 # ran 1.4x faster in place (no new buffer to fault in).
@@ -56,13 +34,6 @@ _IN_PLACE: dict[str, Activation] = {
     "swish": lambda x: F.silu(x, inplace=True),
     "tanh": torch.tanh_,
 }
-
-
-def activation(name: str) -> Activation:
-    try:
-        return _ACTIVATIONS[name]
-    except KeyError:
-        raise StartupError(f"activation {name!r} is not supported") from None
 
 
 # oneDNN's post-op for each activation, as (attr, algorithm). Activations missing here run

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from vectorpress.backends.torch.attention import PackedSequences
+from vectorpress.backends.common.sequences import PackedSequences
+from vectorpress.backends.common.threads import num_threads
 from vectorpress.backends.torch.layers import onednn_linears
 
 # Real tokens per encoder pass on the CPU. Measured on all-MiniLM-L6-v2 (2-core AMD EPYC,
@@ -86,21 +86,6 @@ def cpu_passes(seqs: PackedSequences, max_tokens: int = CPU_PASS_TOKENS) -> list
     if seqs.size:
         cut(first, seqs.size)
     return out
-
-
-@contextmanager
-def num_threads(n: int) -> Iterator[None]:
-    """Run the block on `n` intra-op threads, then restore the caller's count, so that nothing
-    else in the process (another model, a reference encoder) is affected."""
-    before = torch.get_num_threads()
-    if n == before:
-        yield
-        return
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from vectorpress.backends.torch.attention import PackedSequences, packed_attention
+from vectorpress.backends.common.activations import activation
+from vectorpress.backends.common.sequences import PackedSequences
+from vectorpress.backends.torch.attention import packed_attention
 from vectorpress.backends.torch.blocks import FusedPostNormLayer
-from vectorpress.backends.torch.layers import activation
 
 
 class BertEmbeddings(nn.Module):

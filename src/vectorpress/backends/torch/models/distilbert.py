@@ -12,9 +12,10 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from vectorpress.backends.torch.attention import PackedSequences, packed_attention
+from vectorpress.backends.common.activations import activation
+from vectorpress.backends.common.sequences import PackedSequences
+from vectorpress.backends.torch.attention import packed_attention
 from vectorpress.backends.torch.blocks import FusedPostNormLayer
-from vectorpress.backends.torch.layers import activation
 
 _EPS = 1e-12
 

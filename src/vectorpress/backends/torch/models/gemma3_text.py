@@ -22,9 +22,10 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from vectorpress.backends.torch.attention import PackedSequences, packed_attention
+from vectorpress.backends.common.activations import activation
+from vectorpress.backends.common.sequences import PackedSequences
+from vectorpress.backends.torch.attention import packed_attention
 from vectorpress.backends.torch.blocks import FusedGatedMLP, FusedQKVO
-from vectorpress.backends.torch.layers import activation
 from vectorpress.backends.torch.rotary import RMSNorm, Rotary, rope_scale, rope_theta, rotate
 
 _SLIDING = "sliding_attention"

@@ -21,9 +21,11 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from vectorpress.backends.torch.attention import PackedSequences, packed_attention
+from vectorpress.backends.common.activations import activation
+from vectorpress.backends.common.sequences import PackedSequences
+from vectorpress.backends.torch.attention import packed_attention
 from vectorpress.backends.torch.blocks import FusedGatedMLP
-from vectorpress.backends.torch.layers import FusedLinear, activation
+from vectorpress.backends.torch.layers import FusedLinear
 from vectorpress.backends.torch.rotary import Rotary, rope_theta, rotate
 
 _SLIDING = "sliding_attention"

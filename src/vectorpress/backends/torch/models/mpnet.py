@@ -18,7 +18,8 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from vectorpress.backends.torch.attention import PackedSequences, packed_attention
+from vectorpress.backends.common.sequences import PackedSequences
+from vectorpress.backends.torch.attention import packed_attention
 from vectorpress.backends.torch.blocks import FusedPostNormLayer
 from vectorpress.backends.torch.models.bert import PostNormFFN
 

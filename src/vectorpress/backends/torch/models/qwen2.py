@@ -21,7 +21,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from vectorpress.backends.torch.attention import PackedSequences, packed_attention
+from vectorpress.backends.common.sequences import PackedSequences
+from vectorpress.backends.torch.attention import packed_attention
 from vectorpress.backends.torch.blocks import FusedGatedMLP, FusedQKVO
 from vectorpress.backends.torch.rotary import RMSNorm, Rotary, rope_scale, rope_theta, rotate
 

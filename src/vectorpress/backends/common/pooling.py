@@ -4,12 +4,25 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 import torch
 
-from vectorpress.backends.torch.attention import PackedSequences
-from vectorpress.backends.torch.heads import MLMHead
+from vectorpress.backends.common.sequences import PackedSequences
+
+
+class VocabHead(Protocol):
+    """A masked-LM head in the two parts SPLADE pooling takes (the torch backend's MLMHead)."""
+
+    vocab_size: int
+
+    @property
+    def bias(self) -> torch.Tensor | None: ...
+
+    def transform(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+    def vocab_scores(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
 def pool(
@@ -129,9 +142,9 @@ def splade_from_logits(logits: torch.Tensor, lengths: list[int]) -> torch.Tensor
 
 
 def splade_vectors(
-    head: MLMHead, hidden: torch.Tensor, seqs: PackedSequences, which: list[int]
+    head: VocabHead, hidden: torch.Tensor, seqs: PackedSequences, which: list[int]
 ) -> torch.Tensor:
     """SPLADE vectors of the sequences in `which` from the encoder's packed hidden states."""
     rows, lengths = rows_of(hidden, seqs, which)
-    blocks = splade_block_rows(head.decoder.out_features)
+    blocks = splade_block_rows(head.vocab_size)
     return splade_pool(head.vocab_scores, head.transform(rows), lengths, blocks, head.bias)

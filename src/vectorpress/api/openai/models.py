@@ -1,0 +1,53 @@
+"""GET /v1/models: OpenAI's list of the served models, with what each can do."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from vectorpress.api.native.common import json_response
+from vectorpress.api.state import AppState, ModelState, get_state
+
+router = APIRouter(tags=["OpenAI"])
+
+
+_CAPABILITIES = {
+    "embedding": ["embed"],
+    "reranker": ["rerank", "classify"],
+    "classifier": ["classify"],
+}
+
+
+def model_object(state: AppState, model: ModelState) -> dict[str, Any]:
+    spec = model.infer.spec
+    return {
+        "id": model.name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "vectorpress",
+        # Beyond OpenAI's four fields: what a client needs to pick a model and size its input.
+        "kind": "sparse_embedding" if spec.is_splade else spec.kind,
+        "max_input_length": spec.max_input_length,
+        "aliases": list(model.settings.aliases),
+        "default": model is state.default,
+        # What vLLM's and Infinity's listings add, so their clients read this one too.
+        "root": model.settings.model_id,
+        "parent": None,
+        "max_model_len": spec.max_input_length,
+        "permission": [],
+        "backend": model.backend_name,
+        "capabilities": _CAPABILITIES.get(spec.kind, []),
+        "stats": {
+            "queue_fraction": 0.0,
+            "queue_absolute": len(model.infer.queue),
+            "results_pending": 0,
+        },
+    }
+
+
+@router.get("/v1/models", summary="The served models (OpenAI's list), the default one first")
+async def list_models(request: Request) -> Response:
+    state = get_state(request)
+    return json_response({"object": "list", "data": [model_object(state, m) for m in state.models]})

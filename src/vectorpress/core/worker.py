@@ -106,10 +106,12 @@ class BackendWorker:
         self.weight = weight
         """This model's share of the device against the others' when all have bulk work."""
         self.last_batch_ok = True
+        self._stopped = False
 
     @property
     def alive(self) -> bool:
-        return self.scheduler.alive
+        """The device thread runs and this model has not been stopped."""
+        return self.scheduler.alive and not self._stopped
 
     def start(self) -> None:
         self.scheduler.add(self)
@@ -118,6 +120,7 @@ class BackendWorker:
         """Take no more work, finish what is queued; the last model stopped ends the thread."""
         self.queue.close()
         self.scheduler.retire(self, timeout)
+        self._stopped = True
 
     def run(self, entries: list[Entry]) -> None:
         """Run one batch of this model's entries (on the device thread)."""

@@ -294,8 +294,12 @@ def part_split(model: str, reranker: Path, seconds: float) -> list[str]:
     texts = passages(20, 300, seed=2)
 
     def clients(embed_url: str, rerank_url: str, named: bool) -> list[Client]:
-        out = bulk_clients(embed_url, docs, 2, "embedder" if named else None)
-        body = rerank_body(texts, "reranker" if named else None)
+        # Everything bulk: the comparison is of throughput, not of the lanes.
+        out = [
+            Client(c.name, c.url, c.path, {**c.body, "priority": "bulk"}, c.items)
+            for c in bulk_clients(embed_url, docs, 2, "embedder" if named else None)
+        ]
+        body = {**rerank_body(texts, "reranker" if named else None), "priority": "bulk"}
         out += [Client("pairs", rerank_url, "/rerank", body, 20) for _ in range(2)]
         return out
 

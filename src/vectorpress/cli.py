@@ -220,6 +220,10 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     parser.add_argument("-V", "--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_ArgParser)
     serve = sub.add_parser("serve", help="Serve a model over HTTP")
+    # Parsed by vectorpress.jobs.command; listed here for `vectorpress --help`.
+    sub.add_parser(
+        "embed", help="Embed files into Parquet shards (locally or on Ray)", add_help=False
+    )
     for flag, var, kind, default, help_text in _FLAGS:
         dest = flag.lstrip("-").replace("-", "_")
         raw = env.get(var)
@@ -336,6 +340,11 @@ def warn_unhonoured(settings: Settings) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["embed"]:
+        from vectorpress.jobs.command import main as embed
+
+        return embed(argv[1:])
     try:
         settings = settings_from_args(argv)
         configure_logging(settings)

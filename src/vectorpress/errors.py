@@ -141,27 +141,10 @@ class UnhealthyError(VectorpressError):
         super().__init__(message)
 
 
-class DroppedError(VectorpressError):
-    """The caller went away before its input reached a batch."""
-
-    wire = WireError(499, "Backend", "CANCELLED", "dropped")
-
-
 class StartupError(Exception):
     """Start-up cannot go on; the message is printed as one line and the process exits 1."""
 
 
-#: Every wire error class, for documentation and for tests that check the table is complete.
-ERROR_TABLE: tuple[type[VectorpressError], ...] = (
-    EmptyError,
-    ValidationError,
-    BatchSizeError,
-    TokenLimitError,
-    TokenizerError,
-    BackendError,
-    ModelTypeError,
-    ModelNotFoundError,
-    OverloadedError,
-    UnhealthyError,
-    DroppedError,
-)
+class JobError(StartupError):
+    """A batch job cannot go on (an output folder holding another model's vectors, an input
+    that cannot be read); printed as one line, the process exits 1."""

@@ -57,7 +57,11 @@ def resolve_model(
 
     try:
         from huggingface_hub import snapshot_download
-        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+        from huggingface_hub.errors import (
+            HfHubHTTPError,
+            LocalEntryNotFoundError,
+            RevisionNotFoundError,
+        )
     except ImportError as exc:  # pragma: no cover - huggingface_hub is a dependency
         raise StartupError(f"huggingface_hub is needed to download {model_id}: {exc}") from exc
 
@@ -80,21 +84,38 @@ def resolve_model(
         if not _has_weights(folder):
             log.info("no safetensors weights in %s, fetching PyTorch weights", model_id)
             folder = fetch(_METADATA_PATTERNS + _PICKLE_PATTERNS)
+    except RevisionNotFoundError as exc:
+        raise StartupError(f"model {model_id} has no revision {revision!r}") from exc
     except LocalEntryNotFoundError as exc:
+        # Also an incomplete snapshot: a download cut short is never served from the cache.
+        complete = "" if type(exc).__name__ == "LocalEntryNotFoundError" else "complete "
         raise StartupError(
-            f"model {model_id} is not in the local cache and the Hub cannot be reached "
+            f"model {model_id} is not {complete}in the local cache and the Hub cannot be reached "
             f"(offline mode or no network)"
         ) from exc
     except HfHubHTTPError as exc:
         status = getattr(getattr(exc, "response", None), "status_code", None)
         reason = "not found or not accessible" if status in (401, 403, 404) else f"HTTP {status}"
         raise StartupError(f"cannot download model {model_id}: {reason}") from exc
-    except (OSError, ValueError) as exc:
+    except Exception as exc:
+        # The HTTP client's own errors (a connection dropped mid-file, a timeout) differ between
+        # huggingface_hub versions; at start-up each must still be one line, not a traceback.
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if _is_transport_error(exc):
+            raise StartupError(
+                f"cannot download model {model_id}: the connection broke off ({first}); "
+                "start again to retry"
+            ) from exc
         raise StartupError(f"cannot download model {model_id}: {first}") from exc
     if not (folder / "config.json").is_file():
         raise StartupError(f"model {model_id} has no config.json")
     return folder
+
+
+def _is_transport_error(exc: BaseException) -> bool:
+    """A network failure of httpx, httpx2 or requests (whichever huggingface_hub uses)."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return bool(names & {"TransportError", "RequestException", "ConnectionError", "TimeoutError"})
 
 
 def bundled_model_path() -> Path | None:

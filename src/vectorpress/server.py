@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import os
 import signal
 import socket
 import threading
@@ -14,6 +13,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import uvicorn
 
@@ -22,6 +22,7 @@ from vectorpress.backends.base import Backend
 from vectorpress.backends.select import select_backend
 from vectorpress.backends.torch.passes import CPU_PASS_TOKENS
 from vectorpress.core.admission import Admission
+from vectorpress.core.calibration import Calibration
 from vectorpress.core.infer import Infer
 from vectorpress.core.metrics import Metrics, Registry
 from vectorpress.core.models import Models
@@ -29,6 +30,7 @@ from vectorpress.core.queue import BatchingQueue, LanePolicy
 from vectorpress.core.scheduler import Scheduler
 from vectorpress.core.tokenization import TokenizerPool
 from vectorpress.core.worker import BackendWorker, limit_malloc_arenas
+from vectorpress.cpus import available_cpus
 from vectorpress.errors import StartupError
 from vectorpress.hub import resolve_model
 from vectorpress.model_spec import ModelSpec, load_model_spec
@@ -166,6 +168,17 @@ def make_server_admission(server: ServerSettings) -> Admission | None:
     return Admission(cap) if cap is not None else None
 
 
+def calibrate(backend: Backend, spec: ModelSpec) -> Calibration | None:
+    """Pooled vectors of the packaged calibration texts, for int8/uint8 embedding outputs
+    (api/encodings.py); dense embedding models only."""
+    if spec.kind != "embedding" or spec.is_splade:
+        return None
+    from vectorpress.backends.common.calibration import calibration_batch
+
+    pooled = backend.embed(calibration_batch(spec)).pooled
+    return None if pooled is None else Calibration(np.asarray(pooled, dtype=np.float32))
+
+
 def warm_up(backend: Backend, spec: ModelSpec, settings: ModelSettings) -> None:
     """A 1-token forward (health), then one input of the max length, before the socket opens.
 
@@ -191,11 +204,17 @@ def warm_up(backend: Backend, spec: ModelSpec, settings: ModelSettings) -> None:
 BackendFactory = Callable[[ModelSpec, ModelSettings], Backend]
 
 
-def load(config: Settings, make_backend: BackendFactory = select_backend) -> Served:
+def load(
+    config: Settings,
+    make_backend: BackendFactory = select_backend,
+    *,
+    threads: int | None = None,
+) -> Served:
     """Load, warm up and start every model, in order; if one fails, those already started are
-    stopped and start-up fails with one line naming the model."""
+    stopped and start-up fails with one line naming the model. `threads`: torch's intra-op
+    threads (default: every core); an in-process engine that shares the machine sets fewer."""
     limit_malloc_arenas()
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch.set_num_threads(threads or available_cpus())
     server = config.server
     registry = Registry()
     tracing = Tracing.from_settings(server)
@@ -248,6 +267,7 @@ def _load_one(
         spec = load_model_spec(folder, settings)
         backend = scheduler.call(lambda: make_backend(spec, settings))
         scheduler.call(lambda: warm_up(backend, spec, settings))
+        calibration = scheduler.call(lambda: calibrate(backend, spec))
     except StartupError as exc:
         if len(config.models) == 1:
             raise
@@ -262,6 +282,7 @@ def _load_one(
     infer = build_pipeline(
         server, settings, spec, backend, metrics, scheduler=scheduler, server_admission=admission
     )
+    infer.calibration = calibration
     if tracing is not None:
         infer.tracer = tracing.tracer
     state = ModelState(infer, settings, server, backend.name, backend.dtype, backend.device)
@@ -280,6 +301,8 @@ def _load_one(
         "max_batch_requests": infer.queue.max_batch_requests,
         "max_concurrent_requests": server.max_concurrent_requests,
         "max_client_batch_size": settings.max_client_batch_size,
+        "threads": torch.get_num_threads(),
+        "tokenization_workers": settings.tokenization_workers,
     }
     log.info("model loaded and warmed up", extra=startup)
     return LoadedModel(settings, spec, backend, infer, state)

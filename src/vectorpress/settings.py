@@ -7,10 +7,10 @@ itself once, when it is made, and raises StartupError with one line naming the f
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from vectorpress.cpus import available_cpus
 from vectorpress.errors import StartupError
 
 DTYPES = ("float32", "float16", "bfloat16", "int8")
@@ -24,7 +24,7 @@ SECRETS = ("hf_token", "api_key")
 
 def default_tokenization_workers() -> int:
     # TEI uses cores - 1 so that one core stays free for the forward pass; clamped to 1..64.
-    return max(1, min(64, (os.cpu_count() or 1) - 1))
+    return max(1, min(64, available_cpus() - 1))
 
 
 def _positive(values: dict[str, int | None], where: str = "") -> None:

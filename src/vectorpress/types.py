@@ -33,6 +33,9 @@ class Encoding:
     position_offset: int = 0
     chars: int = 0
     truncated: bool = False
+    probe: bool = False
+    """A health check's input: run like any other, left out of the batch metrics (in TEI a
+    health check calls the backend directly and is never a batch)."""
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -83,6 +86,9 @@ class Batch:
     """Sequences that want a pooled output, in order."""
     raw_indices: tuple[int, ...]
     """Sequences that want per-token outputs, in order."""
+    probes: int = 0
+    """Sequences that are health checks' inputs (Encoding.probe)."""
+    probe_tokens: int = 0
 
     @property
     def size(self) -> int:
@@ -126,6 +132,8 @@ class Batch:
             max_seqlen=max(lengths, default=0),
             pooled_indices=tuple(i for i, k in enumerate(kinds) if k is OutputKind.POOLED),
             raw_indices=tuple(i for i, k in enumerate(kinds) if k is OutputKind.RAW),
+            probes=sum(1 for e in encodings if e.probe),
+            probe_tokens=sum(len(e) for e in encodings if e.probe),
         )
 
 

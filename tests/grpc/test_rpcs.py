@@ -1,4 +1,4 @@
-"""Every tei.v1 RPC over a real port, with stubs generated from proto/tei.proto."""
+"""Every tei.v1 RPC over a real port, with stubs generated from the packaged tei.proto."""
 
 from __future__ import annotations
 

@@ -15,9 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tests.grpc.backend import GatedBackend
 from tests.grpc.clients import Stubs
 from tests.helpers.server import LiveServer
-from vectorpress.api.grpc.services import status_code
 from vectorpress.api.grpc.stubs import pb
-from vectorpress.errors import ERROR_TABLE
 
 Server = tuple[LiveServer, Stubs]
 Code = grpc.StatusCode
@@ -35,11 +33,6 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = 30) -> N
     while not condition():
         assert time.monotonic() < deadline, f"never happened: {what}"
         time.sleep(0.01)
-
-
-def test_table_maps_every_error_to_its_grpc_code() -> None:
-    for error in ERROR_TABLE:
-        assert status_code(error("x")) == getattr(Code, error.wire.grpc_code), error
 
 
 def test_validation_rows(minilm_grpc: Server) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -68,3 +69,31 @@ def test_one_message_in_flight_per_stream_still_answers_all(
         got = [r.predictions[0].score for r in stubs.predict.PredictStream(requests)]
         stubs.channel.close()
     assert got == want
+
+
+def _settled(read: Callable[[], float], before: float) -> float:
+    """A counter recorded on the loop's next turn: its value once it has moved (or 5 s on)."""
+    deadline = time.monotonic() + 5
+    while read() == before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return read()
+
+
+def test_a_rerank_stream_is_one_request_in_the_metrics(reranker_grpc: Server) -> None:
+    """As TEI: te_request_count and te_request_success once per stream, as a batch; the
+    per-input counters once per message."""
+    srv, stubs = reranker_grpc
+    metrics = srv.infer.metrics
+    count = {m: metrics.value("te_request_count", method=m) for m in ("single", "batch")}
+    success = metrics.value("te_request_success", method="batch")
+    inputs = metrics.value("te_predict_count")
+    texts = ["alpha", "beta", "gamma", "delta"]
+    reply = stubs.rerank.RerankStream(
+        iter(pb.RerankStreamRequest(query="q", text=t) for t in texts)
+    )
+    assert sorted(r.index for r in reply.ranks) == [0, 1, 2, 3]
+    assert metrics.value("te_request_count", method="batch") == count["batch"] + 1
+    assert metrics.value("te_request_count", method="single") == count["single"]
+    read = lambda: metrics.value("te_request_success", method="batch")  # noqa: E731
+    assert _settled(read, success) == success + 1
+    assert metrics.value("te_predict_count") == inputs + len(texts)

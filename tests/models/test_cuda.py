@@ -14,14 +14,11 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers.attention import reference_attention
 from tests.helpers.reference import assert_close_vectors
 from tests.helpers.texts import mixed_texts
-from vectorpress.backends.torch.attention import (
-    PackedSequences,
-    reference_attention,
-    varlen_attention,
-    varlen_usable,
-)
+from vectorpress.backends.common.sequences import PackedSequences
+from vectorpress.backends.torch.attention import varlen_attention, varlen_usable
 from vectorpress.backends.torch.backend import TorchBackend
 from vectorpress.core.tokenization import TokenizerPool
 from vectorpress.model_spec import load_model_spec

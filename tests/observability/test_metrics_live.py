@@ -228,3 +228,41 @@ def test_a_gone_client_counts_as_one_dropped_request_and_input(
     assert page.get("te_request_count", method="single") == 2
     assert page.get("te_request_success", method="single") == 1
     assert page.get("te_batch_next_size_sum") == 1
+
+
+def test_health_probes_after_a_failure_are_not_batches(
+    tiny_bert_family: Callable[..., Path],
+) -> None:
+    """After a failed batch /health runs a one-token forward; TEI's health check never forms a
+    batch, so te_batch_next_* count only the requests' batches."""
+    make, made = faulty_factory()
+    folder = tiny_bert_family("bert", "embedding", "mean")
+    with LiveServer(Settings.single(str(folder)), make) as srv:
+        backend = made[0]
+        backend.fail_if = lambda batch: True
+        failed = httpx.post(f"{srv.url}/embed", json={"inputs": "fails"}, timeout=60)
+        assert failed.status_code == 424
+        backend.fail_if = None
+        runs = len(backend.batches)
+        assert httpx.get(f"{srv.url}/health", timeout=60).status_code == 200
+        assert backend.batches[runs:] == [[[0]]]  # the probe ran, through the device thread
+        assert httpx.post(f"{srv.url}/embed", json={"inputs": "works"}, timeout=60).is_success
+        page = scrape(f"{srv.url}/metrics")
+    assert page.get("te_batch_next_size_count") == 2
+    assert page.get("te_batch_next_size_sum") == 2
+    tokens = srv.infer.tokenizers._new_tokenizer()
+    expected = len(tokens.encode("fails").ids) + len(tokens.encode("works").ids)
+    assert page.get("te_batch_next_tokens_sum") == expected
+
+
+def test_a_probe_in_a_batch_leaves_the_others_counted() -> None:
+    metrics = Metrics(128, "m")
+    probe = Encoding(ids=[0], type_ids=[0], probe=True)
+    metrics.record_batch(Batch.from_encodings([probe]), 0.01, padded=False, ok=True)
+    real = Encoding(ids=[1] * 5, type_ids=[0] * 5)
+    metrics.record_batch(Batch.from_encodings([real, probe]), 0.01, padded=False, ok=True)
+    page = parse(metrics.render())
+    assert page.get("te_batch_next_size_count") == 1
+    assert page.get("te_batch_next_size_sum") == 1
+    assert page.get("te_batch_next_tokens_sum") == 5
+    assert page.get("vectorpress_batch_real_tokens") == 5

@@ -170,5 +170,56 @@ def test_reranker_routes_refuse_bad_input_and_keep_serving(
         _check(srv, RERANKER_CASES, healthy)
 
 
-def test_the_table_is_large_enough() -> None:
-    assert len(EMBEDDING_CASES) + len(RERANKER_CASES) >= 40
+#: (body, TEI's message after "Failed to parse the request body as JSON: "): serde_json's
+#: words and positions, as axum's Json extractor answers them with a 400.
+SERDE_REFUSALS: list[tuple[bytes, str]] = [
+    (deep(200), "recursion limit exceeded at line 1 column 138"),
+    (deep(20_000), "recursion limit exceeded at line 1 column 138"),
+    (
+        b'{"inputs": "a", "extra": ' + b'{"a":' * 130 + b"1" + b"}" * 130 + b"}",
+        "recursion limit exceeded at line 1 column 656",
+    ),
+    (b'{"inputs": "\xff\xfe broken utf-8"}', "invalid unicode code point at line 1 column 28"),
+    (b'{"inp\xffuts": "a"}', "invalid unicode code point at line 1 column 10"),
+    (
+        b'{\n  "inputs": [\n    "fine",\n    "\xc3"\n  ]\n}',
+        "invalid unicode code point at line 4 column 7",
+    ),
+    (b'{"inputs": "\\ud800"}', "unexpected end of hex escape at line 1 column 19"),
+    (b'{"inputs": "\\udc00"}', "lone leading surrogate in hex escape at line 1 column 18"),
+    (b'{"inputs": "\\ud800\\u0041"}', "lone leading surrogate in hex escape at line 1 column 24"),
+]
+
+
+@pytest.mark.parametrize(("body", "message"), SERDE_REFUSALS)
+@pytest.mark.parametrize("route", ["/embed", "/tokenize", "/v1/embeddings", "/"])
+def test_bodies_serde_json_refuses_get_its_message(
+    embedding_server: LiveServer, route: str, body: bytes, message: str
+) -> None:
+    if route == "/v1/embeddings":
+        body = body.replace(b'"inputs"', b'"input" ')  # the same columns
+    response = httpx.post(
+        f"{embedding_server.url}{route}",
+        content=body,
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
+    assert response.status_code == 400, response.text
+    text = response.json().get("message" if route == "/v1/embeddings" else "error")
+    assert text == f"Failed to parse the request body as JSON: {message}"
+
+
+def test_what_serde_json_takes_is_not_refused(embedding_server: LiveServer) -> None:
+    """127 levels, a paired surrogate and an escaped backslash before `u` parse (then fail or
+    pass on their shape)."""
+    url = embedding_server.url
+    json_type = {"content-type": "application/json"}
+    assert httpx.post(f"{url}/embed", content=deep(126), headers=json_type).status_code == 422
+    for text in (b'"\\ud83d\\ude00 ok"', b'"\\\\ud800"'):
+        response = httpx.post(
+            f"{url}/embed",
+            content=b'{"inputs": ' + text + b"}",
+            timeout=60,
+            headers={"content-type": "application/json"},
+        )
+        assert response.status_code == 200, response.text

@@ -47,7 +47,8 @@ def server(
 def test_fuzz_every_route(server: LiveServer) -> None:
     schema = schemathesis.openapi.from_url(f"{server.url}/api-doc/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) >= 14, [op.label for op in operations]
+    # TEI's routes, and those of the Cohere, Jina, vLLM and Infinity dialects.
+    assert len(operations) >= 25, [op.label for op in operations]
     cases = 0
     for operation in operations:
         for mode in (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE):

@@ -20,6 +20,9 @@ OPEN = {
     ("GET", "/ping"),
     ("GET", "/metrics"),
     ("GET", "/docs"),
+    ("GET", "/docs/oauth2-redirect"),
+    ("GET", "/docs/assets/swagger-ui-bundle.js"),
+    ("GET", "/docs/assets/swagger-ui.css"),
     ("GET", "/api-doc/openapi.json"),
 }
 PROTECTED = [
@@ -37,6 +40,16 @@ PROTECTED = [
     ("POST", "/vertex", {"instances": [{"inputs": "x"}]}),
     ("POST", "/", {"inputs": "x"}),
     ("POST", "/invocations", {"inputs": "x"}),
+    ("POST", "/v2/rerank", {"query": "q", "documents": ["x"]}),
+    ("POST", "/v1/rerank", {"query": "q", "documents": ["x"]}),
+    ("POST", "/v2/embed", {"texts": ["x"], "input_type": "search_query"}),
+    ("POST", "/v1/embed", {"texts": ["x"]}),
+    ("POST", "/score", {"text_1": "a", "text_2": "b"}),
+    ("POST", "/v1/score", {"text_1": "a", "text_2": "b"}),
+    ("POST", "/classify", {"input": ["x"]}),
+    ("POST", "/v1/classify", {"input": ["x"]}),
+    ("POST", "/detokenize", {"tokens": [101]}),
+    ("GET", "/models", None),
     ("GET", "/v1/models", None),
     # Under a model's prefix too: the key is checked on the path without it.
     ("POST", "/models/any/embed", {"inputs": "x"}),

@@ -5,14 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.helpers.attention import allowed, reference_attention
 from vectorpress.backends.common.pooling import pool
+from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.backends.torch import attention
-from vectorpress.backends.torch.attention import (
-    PackedSequences,
-    banded_from,
-    packed_attention,
-    reference_attention,
-)
+from vectorpress.backends.torch.attention import banded_from, packed_attention
 
 
 def _check_against_reference(
@@ -38,6 +35,24 @@ def test_packed_matches_reference(causal: bool, window: int | None, kv_heads: in
     torch.manual_seed(0)
     lengths = [5, 3, 5, 1, 8, 3]
     _check_against_reference(lengths, kv_heads, causal, window)
+
+
+def test_the_reference_mask_is_the_definition() -> None:
+    """The reference's own mask, on a case small enough to read: a causal window of 4 keeps
+    the query and the two keys before it."""
+    want = torch.tensor(
+        [
+            [1, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0],
+            [1, 1, 1, 0, 0],
+            [0, 1, 1, 1, 0],
+            [0, 0, 1, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
+    assert torch.equal(allowed(5, causal=True, window=4), want)
+    assert torch.equal(allowed(5, causal=False, window=4), want | want.T)
+    assert allowed(5, causal=False, window=None).all()
 
 
 def test_pooling_methods_on_packed_states() -> None:

@@ -8,6 +8,7 @@ import threading
 import pytest
 import torch
 
+from tests.helpers.cpu import needs_fbgemm
 from vectorpress.backends.common.calibration import weight_levels
 from vectorpress.backends.torch.int8 import Int8Weights
 
@@ -16,6 +17,7 @@ def _cosines(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.cosine_similarity(a, b, dim=1)
 
 
+@needs_fbgemm
 @pytest.mark.parametrize("low", [1.0, 0.8, 0.3])
 def test_rows_are_independent_and_close_to_float32(low: float) -> None:
     gen = torch.Generator().manual_seed(0)
@@ -32,6 +34,7 @@ def test_rows_are_independent_and_close_to_float32(low: float) -> None:
     assert _cosines(together, x @ weight.T).min() > 0.999
 
 
+@needs_fbgemm
 def test_a_row_below_the_calibrated_range_is_scaled_not_clipped() -> None:
     gen = torch.Generator().manual_seed(1)
     weight = torch.randn(64, 128, generator=gen)
@@ -42,6 +45,7 @@ def test_a_row_below_the_calibrated_range_is_scaled_not_clipped() -> None:
     assert _cosines(y, x @ weight.T).min() > 0.999
 
 
+@needs_fbgemm
 def test_bias_and_a_shared_workspace_leave_each_layer_its_own_result() -> None:
     gen = torch.Generator().manual_seed(2)
     wide = Int8Weights.of(torch.randn(48, 256, generator=gen), torch.ones(256))

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tokenizers import Tokenizer
 
 from vectorpress.core.tokenization import INLINE_CHARS, TokenizerPool
 from vectorpress.errors import EmptyError, TokenLimitError, ValidationError
@@ -72,9 +73,58 @@ def test_tokenize_reports_byte_offsets(pool: TokenizerPool) -> None:
     tokens = asyncio.run(pool.tokenize(["héllo world"], add_special_tokens=True, prompt_name=None))[
         0
     ]
-    assert tokens[0].special and tokens[0].start is None
-    words = [t for t in tokens if not t.special]
-    assert words[-1].text == "world" and (words[-1].start, words[-1].stop) == (7, 12)
+    assert tokens.special[0] and tokens.starts[0] is None and tokens.texts[0] == "[CLS]"
+    assert tokens.texts[-2] == "world" and (tokens.starts[-2], tokens.stops[-2]) == (7, 12)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "plain ascii words",
+        "héllo wörld ça va",
+        "東京タワー と 大阪城",
+        "emoji 🙂🚀 and 𝔘𝔫𝔦",
+        "past the inline size: héllo 東京 🙂 [SEP] " * 12,
+    ],
+)
+def test_tokenize_matches_the_tokenizer_and_utf8_offsets(
+    pool: TokenizerPool, minilm: Path, text: str
+) -> None:
+    """Every token against the tokenizer's own encoding, offsets counted in UTF-8 bytes."""
+    tokenizer = Tokenizer.from_file(str(minilm / "tokenizer.json"))
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    prompted = "query: " + text
+    enc = tokenizer.encode(prompted)
+    [got] = asyncio.run(pool.tokenize([text], add_special_tokens=True, prompt_name="query"))
+    assert got.ids == enc.ids
+    assert got.special == [bool(m) for m in enc.special_tokens_mask]
+    for i, (start, stop) in enumerate(enc.offsets):
+        if enc.special_tokens_mask[i]:
+            assert (got.texts[i], got.starts[i], got.stops[i]) == (enc.tokens[i], None, None)
+            continue
+        assert got.texts[i] == prompted[start:stop]
+        assert got.starts[i] == len(prompted[:start].encode("utf-8"))
+        assert got.stops[i] == len(prompted[:stop].encode("utf-8"))
+
+
+def test_long_inputs_encode_as_the_tokenizer_does(pool: TokenizerPool, minilm: Path) -> None:
+    """Long inputs take the tokenizer's batch calls (which release the GIL): same answers."""
+    tokenizer = Tokenizer.from_file(str(minilm / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(8)
+    text = "héllo 東京 🙂 and words " * 30
+    assert len(text) > INLINE_CHARS
+    [single] = encode(pool, [text], truncate=True)
+    assert single.ids == tokenizer.encode(text).ids and single.truncated
+    [pair] = asyncio.run(pool.encode_pairs([(text, text[::-1])], truncate=True))
+    reference = tokenizer.encode(text, text[::-1])
+    assert (pair.ids, pair.type_ids) == (reference.ids, reference.type_ids)
+    tokenizer.no_truncation()
+    ids = tokenizer.encode(text * 2).ids
+    assert len(ids) > INLINE_CHARS
+    [decoded] = asyncio.run(pool.decode([ids], skip_special_tokens=True))
+    assert decoded == tokenizer.decode(ids)
 
 
 def test_small_requests_are_tokenized_inline_and_large_ones_on_the_pool(

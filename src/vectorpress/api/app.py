@@ -3,11 +3,13 @@ AppState."""
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from vectorpress import __version__
-from vectorpress.api import openapi
+from vectorpress.api import bodies, openapi
+from vectorpress.api.clash import router as clash_router
+from vectorpress.api.cohere.routes import router as cohere_router
 from vectorpress.api.direct import DirectRoute, DirectRoutes
 from vectorpress.api.disconnect import DisconnectMiddleware
 from vectorpress.api.errors import install_error_handlers
@@ -24,6 +26,7 @@ from vectorpress.api.openai.routes import run_embeddings
 from vectorpress.api.openai.schemas import EmbeddingsRequest
 from vectorpress.api.routing import PrefixRouting
 from vectorpress.api.state import AppState
+from vectorpress.api.vllm.routes import router as vllm_router
 
 
 def direct_routes() -> list[DirectRoute]:
@@ -48,14 +51,19 @@ def create_app(state: AppState) -> FastAPI:
         summary="Text embeddings, sparse embeddings, reranking and classification; "
         "compatible with text-embeddings-inference",
         version=__version__,
-        docs_url="/docs",
+        # /docs is openapi.install's: Swagger UI from a local package, not a CDN.
+        docs_url=None,
         openapi_url="/api-doc/openapi.json",
         redoc_url=None,
+        dependencies=[Depends(bodies.refuse_bodies)],
     )
     app.state.vp = state
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(openai_router)
+    app.include_router(cohere_router)
+    app.include_router(vllm_router)
+    app.include_router(clash_router)
     app.include_router(health_router)
     app.include_router(metrics_router)
     settings = state.server

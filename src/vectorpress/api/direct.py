@@ -15,11 +15,15 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 import pydantic
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from vectorpress.api.errors import internal_error_response, vectorpress_error_response
+from vectorpress.api import answers, bodies
+from vectorpress.api.errors import (
+    error_response,
+    internal_error_response,
+    vectorpress_error_response,
+)
 from vectorpress.api.headers import timing_headers
 from vectorpress.api.routing import SCOPE_KEY, resolve
 from vectorpress.api.state import AppState, ModelState
@@ -80,6 +84,11 @@ class DirectRoutes:
             if not message.get("more_body", False):
                 break
         raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        refusal = bodies.refused(raw)
+        if refusal is not None:
+            answer = error_response(route.path, bodies.PREFIX + refusal, "Validation", 400)
+            await answer(scope, receive, send)
+            return
         path = route.path
         try:
             if route.choose is None:
@@ -110,7 +119,7 @@ class DirectRoutes:
             log.exception("unexpected error on %s", path)
             await internal_error_response(path)(scope, receive, send)
             return
-        content = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
+        content = await answers.json_body(payload)
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(content)).encode()),

@@ -8,11 +8,14 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vectorpress.api.errors import error_body
+from vectorpress.api.openapi import DOCS, DOCS_ASSETS, DOCS_OAUTH2_REDIRECT
 
 #: Routes whose GET is open without a key, as in TEI.
 PUBLIC_PATHS = frozenset(
-    {"/health", "/", "/ping", "/metrics", "/docs", "/docs/oauth2-redirect", "/api-doc/openapi.json"}
+    {"/health", "/", "/ping", "/metrics", DOCS, DOCS_OAUTH2_REDIRECT, "/api-doc/openapi.json"}
 )
+#: The documentation page's own files.
+PUBLIC_PREFIX = DOCS_ASSETS + "/"
 
 
 TOO_LARGE = "Failed to buffer the request body: length limit exceeded"
@@ -45,7 +48,9 @@ class GuardMiddleware:
         headers = dict(scope["headers"])
         method: str = scope["method"]
         # Only reads are public: POST / is the model's own route and needs the key.
-        public = method == "OPTIONS" or (method in ("GET", "HEAD") and path in PUBLIC_PATHS)
+        public = method == "OPTIONS" or (
+            method in ("GET", "HEAD") and (path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIX))
+        )
         if self.api_key is not None and not public:
             given = headers.get(b"authorization", b"")
             expected = b"Bearer " + self.api_key

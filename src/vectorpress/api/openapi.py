@@ -1,15 +1,30 @@
-"""The served OpenAPI document, made exact: every status a route can answer, with its body.
+"""The served OpenAPI document, made exact, and the Swagger UI that shows it, served offline.
 
 FastAPI documents only 200 and its own 422 shape; vectorpress answers TEI's error JSON with
 TEI's statuses, and clients generated from the document (and the fuzzing tests) need those.
+
+FastAPI's own `/docs` loads Swagger UI from a CDN, a blank page in an air-gapped deployment; the
+UI's files come from the `swagger-ui-bundle-v2` package instead and are served under
+`/docs/assets/`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.openapi.docs import get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from fastapi.openapi.utils import get_openapi
+from starlette.responses import HTMLResponse
+from starlette.staticfiles import StaticFiles
+
+from vectorpress.api import clash
+from vectorpress.api.errors import dialect_of
+
+DOCS = "/docs"
+DOCS_OAUTH2_REDIRECT = "/docs/oauth2-redirect"
+#: Swagger UI's own files (script, style, icons); public like the page that loads them.
+DOCS_ASSETS = "/docs/assets"
 
 _ERROR_TYPES = [
     "Empty",
@@ -46,6 +61,42 @@ _SCHEMAS: dict[str, Any] = {
             "type": {"type": "string", "enum": [*_ERROR_TYPES, "invalid_request_error"]},
             "param": {"type": "string"},
         },
+    },
+    "CohereErrorResponse": {
+        "type": "object",
+        "required": ["id", "message"],
+        "properties": {"id": {"type": "string"}, "message": {"type": "string"}},
+    },
+    "NestedErrorResponse": {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["message", "type", "code"],
+                "properties": {
+                    "message": {"type": "string"},
+                    "type": {"type": "string"},
+                    "param": {"type": "null"},
+                    "code": {"type": "integer"},
+                },
+            }
+        },
+    },
+    "CohereJinaErrorResponse": {
+        "type": "object",
+        "required": ["id", "message", "detail"],
+        "properties": {
+            "id": {"type": "string"},
+            "message": {"type": "string"},
+            "detail": {"type": "string"},
+        },
+    },
+    "CohereNestedErrorResponse": {
+        "allOf": [
+            {"$ref": "#/components/schemas/CohereErrorResponse"},
+            {"$ref": "#/components/schemas/NestedErrorResponse"},
+        ]
     },
     "Prediction": {
         "type": "object",
@@ -117,6 +168,99 @@ _OPENAI_EMBEDDINGS = {
     },
 }
 
+_INT = {"type": "integer"}
+_STR = {"type": "string"}
+
+
+def _object(required: dict[str, Any], optional: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": list(required),
+        "properties": {**required, **(optional or {})},
+    }
+
+
+_USAGE = _object({"prompt_tokens": _INT, "total_tokens": _INT}, {"completion_tokens": _INT})
+_META = _object({"api_version": _object({"version": _STR}), "billed_units": {"type": "object"}})
+_DOCUMENT = {"type": "object", "required": ["text"], "properties": {"text": _STR}}
+_RERANK = _object(
+    {
+        "id": _STR,
+        "model": _STR,
+        "results": _array(
+            _object({"index": _INT, "relevance_score": _NUMBER}, {"document": {"type": "object"}})
+        ),
+        "usage": _USAGE,
+        "meta": _META,
+    }
+)
+_MATRIX_OF = {
+    "float": _array(_array(_NUMBER)),
+    "int8": _array(_array(_INT)),
+    "uint8": _array(_array(_INT)),
+    "binary": _array(_array(_INT)),
+    "ubinary": _array(_array(_INT)),
+    "base64": _array(_STR),
+}
+_EMBED = _object(
+    {
+        "id": _STR,
+        "response_type": {"type": "string", "enum": ["embeddings_floats", "embeddings_by_type"]},
+        "embeddings": {
+            "anyOf": [
+                _array(_array(_NUMBER)),
+                {"type": "object", "properties": _MATRIX_OF, "additionalProperties": False},
+            ]
+        },
+        "texts": _array(_STR),
+        "meta": _META,
+    }
+)
+_VLLM_SCORE = _object(
+    {
+        "id": _STR,
+        "object": _STR,
+        "created": _INT,
+        "model": _STR,
+        "data": _array(_object({"index": _INT, "object": _STR, "score": _NUMBER})),
+        "usage": _USAGE,
+    }
+)
+_VLLM_CLASSIFY = _object(
+    {
+        "id": _STR,
+        "object": _STR,
+        "created": _INT,
+        "model": _STR,
+        "data": _array(
+            _object({"index": _INT, "label": _STR, "probs": _array(_NUMBER), "num_classes": _INT})
+        ),
+        "usage": _USAGE,
+    }
+)
+_INFINITY_ENVELOPE = {"model": _STR, "usage": _USAGE, "id": _STR, "created": _INT}
+_INFINITY_RERANK = _object(
+    {
+        "object": {"type": "string", "enum": ["rerank"]},
+        "results": _array(
+            _object(
+                {
+                    "relevance_score": _NUMBER,
+                    "index": _INT,
+                    "document": {"anyOf": [_STR, {"type": "null"}]},
+                }
+            )
+        ),
+        **_INFINITY_ENVELOPE,
+    }
+)
+_INFINITY_CLASSIFY = _object(
+    {
+        "object": {"type": "string", "enum": ["classify"]},
+        "data": _array(_array(_ref("Prediction"))),
+        **_INFINITY_ENVELOPE,
+    }
+)
 _MODEL_LIST = {
     "type": "object",
     "required": ["object", "data"],
@@ -151,12 +295,22 @@ _OK: dict[str, dict[str, Any]] = {
     "/embed_sparse": _array(_array(_ref("SparseValue"))),
     "/similarity": _array(_NUMBER),
     "/predict": {"anyOf": [_array(_ref("Prediction")), _array(_array(_ref("Prediction")))]},
-    "/rerank": _array(_ref("Rank")),
+    "/rerank": {"anyOf": [_array(_ref("Rank")), _INFINITY_RERANK]},
     "/tokenize": _array(_array(_ref("SimpleToken"))),
     "/decode": _array({"type": "string"}),
     "/v1/embeddings": _OPENAI_EMBEDDINGS,
     "/embeddings": _OPENAI_EMBEDDINGS,
+    "/v2/rerank": _RERANK,
+    "/v1/rerank": _RERANK,
+    "/v2/embed": _EMBED,
+    "/v1/embed": _EMBED,
+    "/score": _VLLM_SCORE,
+    "/v1/score": _VLLM_SCORE,
+    "/v1/classify": _VLLM_CLASSIFY,
+    "/classify": {"anyOf": [_VLLM_CLASSIFY, _INFINITY_CLASSIFY]},
+    "/detokenize": _object({"prompt": _STR}),
     "/v1/models": _MODEL_LIST,
+    "/models": _MODEL_LIST,
     "/vertex": {
         "type": "object",
         "required": ["predictions"],
@@ -177,9 +331,38 @@ _POST_ERRORS = {
 }
 
 
-def _error_response(description: str, openai: bool) -> dict[str, Any]:
-    schema = _ref("OpenAIErrorResponse" if openai else "ErrorResponse")
+#: The error body schema of each dialect (api/errors.py SHAPES).
+_ERROR_SCHEMAS = {
+    "tei": "ErrorResponse",
+    "openai": "OpenAIErrorResponse",
+    "cohere": "CohereErrorResponse",
+    "vllm": "NestedErrorResponse",
+    "infinity": "NestedErrorResponse",
+    "cohere+jina": "CohereJinaErrorResponse",
+    "cohere+vllm": "CohereNestedErrorResponse",
+}
+
+
+def _error_schema(path: str) -> dict[str, Any]:
+    names = {_ERROR_SCHEMAS[dialect_of(path)]}
+    if path in clash.BODIES:  # the body decides, so either dialect's shape can come back
+        names.add("NestedErrorResponse")
+    refs = [_ref(name) for name in sorted(names)]
+    return refs[0] if len(refs) == 1 else {"anyOf": refs}
+
+
+def _error_response(description: str, path: str) -> dict[str, Any]:
+    schema = _error_schema(path)
     return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _add_bodies(components: dict[str, Any]) -> None:
+    """The request bodies of the shared paths, which their routes read by hand."""
+    for models in clash.BODIES.values():
+        for model in models:
+            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(schema.pop("$defs", {}))
+            components[model.__name__] = schema
 
 
 def document(app: FastAPI, protected: bool) -> dict[str, Any]:
@@ -189,10 +372,10 @@ def document(app: FastAPI, protected: bool) -> dict[str, Any]:
     spec = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
     components = spec.setdefault("components", {}).setdefault("schemas", {})
     components.update(_SCHEMAS)
+    _add_bodies(components)
     for name in ("HTTPValidationError", "ValidationError"):
         components.pop(name, None)
     for path, operations in spec.get("paths", {}).items():
-        openai = path in ("/v1/embeddings", "/embeddings")
         for method, operation in operations.items():
             responses = operation.setdefault("responses", {})
             if path in _OK:
@@ -202,17 +385,38 @@ def document(app: FastAPI, protected: bool) -> dict[str, Any]:
                 }
             if method == "post":
                 for status, description in _POST_ERRORS.items():
-                    responses[status] = _error_response(description, openai)
+                    responses[status] = _error_response(description, path)
             if path == "/info":
-                responses["404"] = _error_response("No served model has that name", False)
+                responses["404"] = _error_response("No served model has that name", path)
             if path == "/health":
                 responses["200"] = {"description": "The backend answers"}
-                responses["503"] = _error_response("The backend is not answering", False)
+                responses["503"] = _error_response("The backend is not answering", path)
             if protected and path not in ("/health", "/metrics"):
-                responses["401"] = _error_response("Missing or wrong API key", openai)
+                responses["401"] = _error_response("Missing or wrong API key", path)
     app.openapi_schema = spec
     return spec
 
 
 def install(app: FastAPI, protected: bool) -> None:
+    """Serve the document at the app's openapi_url and Swagger UI at /docs (docs_url=None)."""
+    from swagger_ui_bundle import swagger_ui_path
+
     app.openapi = lambda: document(app, protected)  # type: ignore[method-assign]
+    app.mount(DOCS_ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
+    openapi_url = app.openapi_url or "/api-doc/openapi.json"
+
+    @app.get(DOCS, include_in_schema=False)
+    async def swagger_ui(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_swagger_ui_html(
+            openapi_url=f"{root}{openapi_url}",
+            title=f"{app.title} - Swagger UI",
+            swagger_js_url=f"{root}{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{root}{DOCS_ASSETS}/favicon-32x32.png",
+            oauth2_redirect_url=f"{root}{DOCS_OAUTH2_REDIRECT}",
+        )
+
+    @app.get(DOCS_OAUTH2_REDIRECT, include_in_schema=False)
+    async def swagger_ui_redirect() -> HTMLResponse:
+        return get_swagger_ui_oauth2_redirect_html()

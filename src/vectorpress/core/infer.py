@@ -5,16 +5,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
 from vectorpress.core import postprocess
 from vectorpress.core.admission import Admission
+from vectorpress.core.calibration import Calibration
 from vectorpress.core.metrics import Metrics
 from vectorpress.core.queue import BatchingQueue, Lane, LanePolicy, parse_priority
-from vectorpress.core.tokenization import PairInput, TextInput, Token, TokenizerPool
+from vectorpress.core.tokenization import PairInput, TextInput, TokenizerPool, Tokens
 from vectorpress.core.worker import BackendWorker
 from vectorpress.errors import (
     BackendError,
@@ -45,6 +46,8 @@ class Result(Generic[T]):
     timings: Timings | None = None
     """Mean per input, as TEI's x-*-time headers."""
     total_time: float = 0.0
+    lengths: list[int] = field(default_factory=list)
+    """Tokens of each input as it went to the model (batch jobs write them per row)."""
 
 
 @dataclass
@@ -86,6 +89,8 @@ class Infer:
         self.tracer: Tracer | None = None
         """Set when --otlp-endpoint is given; None means no span is ever created."""
         self._probe: asyncio.Future[np.ndarray] | None = None
+        self.calibration: Calibration | None = None
+        """Ranges for int8/uint8 embeddings, set at start-up for dense embedding models."""
 
     @property
     def name(self) -> str:
@@ -222,6 +227,13 @@ class Infer:
             return await self._counted(method, call)
         with tracing.request_span(self.tracer, operation, n):
             return await self._counted(method, call)
+
+    async def stream_request(
+        self, call: Callable[[], Awaitable[Result[T]]], operation: str
+    ) -> Result[T]:
+        """One request made of a stream's messages (gRPC RerankStream): counted once, as TEI
+        counts a stream; the messages are `predict(..., counted=False)` calls inside `call`."""
+        return await self._request(0, call, operation, batch=True)
 
     async def _counted(self, method: str, call: Callable[[], Awaitable[Result[T]]]) -> Result[T]:
         """Count a request and time it; failures are counted by their error kind."""
@@ -413,8 +425,13 @@ class Infer:
         wait_for_permits: bool = False,
         batch: bool | None = None,
         priority: Lane | str | None = None,
+        counted: bool = True,
     ) -> Result[list[list[tuple[str, float]]]]:
-        """Per input, every (label, score) sorted by score descending."""
+        """Per input, every (label, score) sorted by score descending.
+
+        `counted=False` leaves the request metrics to a caller that counts a larger request
+        this is part of (`stream_request`).
+        """
 
         async def call() -> Result[list[list[tuple[str, float]]]]:
             if self.spec.kind == "embedding":
@@ -439,6 +456,8 @@ class Infer:
             chars = sum(len(i) if isinstance(i, str) else len(i[0]) + len(i[1]) for i in inputs)
             return self._result(out, run, chars)
 
+        if not counted:
+            return await call()
         return await self._request(len(inputs), call, "predict", batch)
 
     async def rerank(
@@ -487,7 +506,7 @@ class Infer:
         *,
         add_special_tokens: bool = True,
         prompt_name: str | None = None,
-    ) -> list[list[Token]]:
+    ) -> list[Tokens]:
         self.check_batch(len(inputs))
         try:
             return await self.tokenizers.tokenize(
@@ -520,7 +539,9 @@ class Infer:
         # backend queues one forward pass, not one each.
         if self._probe is None or self._probe.done():
             loop = asyncio.get_running_loop()
-            probe = Encoding(ids=[0], type_ids=[0], position_offset=self.spec.position_offset)
+            probe = Encoding(
+                ids=[0], type_ids=[0], position_offset=self.spec.position_offset, probe=True
+            )
             entry = Entry(probe, OutputKind.POOLED, loop.create_future(), loop)
             try:
                 self.queue.put([entry], Lane.INTERACTIVE)
@@ -540,4 +561,5 @@ class Infer:
 
     @staticmethod
     def _result(values: T, run: _Run, chars: int) -> Result[T]:
-        return Result(values, chars, sum(len(e) for e in run.encodings), run.timings)
+        lengths = [len(e) for e in run.encodings]
+        return Result(values, chars, sum(lengths), run.timings, lengths=lengths)

@@ -341,14 +341,20 @@ class Metrics:
     # -- what the pipeline reports -------------------------------------------------------------
 
     def record_batch(self, batch: Batch, elapsed: float, padded: bool, ok: bool) -> None:
-        """One formed batch: TEI's size and token histograms, then the extras."""
-        tokens = batch.total_tokens
-        self.observe("te_batch_next_size", batch.size)
+        """One formed batch: TEI's size and token histograms, then the extras.
+
+        Health checks' inputs are left out: a batch of nothing else is not recorded at all.
+        """
+        size = batch.size - batch.probes
+        if size == 0:
+            return
+        tokens = batch.total_tokens - batch.probe_tokens
+        self.observe("te_batch_next_size", size)
         self.observe("te_batch_next_tokens", tokens)
         if not ok:
             self.inc("vectorpress_batch_failures")
             return
-        computed = batch.max_seqlen * batch.size if padded else tokens
+        computed = batch.max_seqlen * size if padded else tokens
         self.observe("vectorpress_batch_padding_efficiency", tokens / computed if computed else 1.0)
         self.inc("vectorpress_batch_real_tokens", tokens)
         self.inc("vectorpress_batch_computed_tokens", computed)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+import numpy as np
+from tokenizers import Encoding as TokenizerEncoding
 from tokenizers import Tokenizer
 
 from vectorpress.errors import (
@@ -44,14 +46,22 @@ CHARS_PER_TOKEN = 250
 
 
 @dataclass(frozen=True)
-class Token:
-    """One token as /tokenize reports it; offsets are byte offsets into the (prompted) input."""
+class Tokens:
+    """The tokens of one input as /tokenize reports them, column by column.
 
-    id: int
-    text: str
-    special: bool
-    start: int | None
-    stop: int | None
+    Offsets are byte offsets into the (prompted) input, None for special tokens. Columns, not
+    an object per token: an input of 60,000 CJK characters is 60,000 tokens, and making one
+    Python object each cost more than tokenizing it.
+    """
+
+    ids: list[int]
+    texts: list[str]
+    special: list[bool]
+    starts: list[int | None]
+    stops: list[int | None]
+
+    def __len__(self) -> int:
+        return len(self.ids)
 
 
 class _Local(threading.local):
@@ -212,7 +222,7 @@ class TokenizerPool:
         if prompt:
             # As TEI: with a prompt, ids are decoded, prompted, and encoded again.
             tok = self._tokenizer(None)
-            text = prompt + tok.decode(ids, skip_special_tokens=True)
+            text = prompt + _decode(tok, ids, skip_special_tokens=True)
             enc = self._encode_text(text, truncate, direction)
             return Encoding(enc.ids, enc.type_ids, enc.position_offset, len(ids), enc.truncated)
         truncated = False
@@ -227,7 +237,7 @@ class TokenizerPool:
         text = self._check_chars(text, truncate, self.max_chars)
         tok = self._tokenizer((self.max_input_length, direction.value) if truncate else None)
         try:
-            enc = tok.encode(text, add_special_tokens=True)
+            enc = _encode(tok, text, add_special_tokens=True)
         except Exception as exc:
             raise TokenizerError(f"tokenizer error: {exc}") from exc
         truncated = bool(enc.overflowing) or chars != len(text)
@@ -265,7 +275,7 @@ class TokenizerPool:
             second = self._check_chars(second, truncate, half)
             tok = self._tokenizer((self.max_input_length, direction.value) if truncate else None)
             try:
-                enc = tok.encode(first, second, add_special_tokens=True)
+                enc = _encode(tok, first, second, add_special_tokens=True)
             except Exception as exc:
                 raise TokenizerError(f"tokenizer error: {exc}") from exc
             truncated = bool(enc.overflowing) or chars != len(first) + len(second)
@@ -276,7 +286,7 @@ class TokenizerPool:
 
     async def tokenize(
         self, inputs: Sequence[str], *, add_special_tokens: bool, prompt_name: str | None
-    ) -> list[list[Token]]:
+    ) -> list[Tokens]:
         prompt = self.resolve_prompt(prompt_name)
         items = list(inputs)
         return await self._call(
@@ -285,7 +295,7 @@ class TokenizerPool:
 
     def _tokenize(
         self, inputs: list[str], add_special_tokens: bool, prompt: str | None
-    ) -> list[list[Token]]:
+    ) -> list[Tokens]:
         tok = self._tokenizer(None)
         out = []
         for text in inputs:
@@ -294,29 +304,10 @@ class TokenizerPool:
             text = (prompt or "") + text
             self._check_chars(text, False, self.max_chars)
             try:
-                enc = tok.encode(text, add_special_tokens=add_special_tokens)
+                enc = _encode(tok, text, add_special_tokens=add_special_tokens, offsets=True)
             except Exception as exc:
                 raise TokenizerError(f"tokenizer error: {exc}") from exc
-            # Offsets from tokenizers count characters; TEI reports byte offsets.
-            byte_at = _char_to_byte_offsets(text)
-            tokens = []
-            for tid, piece, special, (start, stop) in zip(
-                enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets, strict=False
-            ):
-                if special:
-                    tokens.append(Token(tid, piece, True, None, None))
-                else:
-                    b0, b1 = byte_at[start], byte_at[stop]
-                    tokens.append(
-                        Token(
-                            tid,
-                            text.encode("utf-8")[b0:b1].decode("utf-8", "replace"),
-                            False,
-                            b0,
-                            b1,
-                        )
-                    )
-            out.append(tokens)
+            out.append(_tokens(tok, text, enc.ids, enc.offsets, enc.special_tokens_mask))
         return out
 
     async def decode(self, ids: Sequence[Sequence[int]], *, skip_special_tokens: bool) -> list[str]:
@@ -330,14 +321,15 @@ class TokenizerPool:
         for seq in ids:
             if not seq:
                 raise EmptyError("Input validation error: `input_ids` cannot be empty")
-            bad = next((i for i in seq if not 0 <= i < vocab), None)
-            if bad is not None:
+            # min and max run in C; the generator only runs to name a bad id.
+            if min(seq) < 0 or max(seq) >= vocab:
+                bad = next(i for i in seq if not 0 <= i < vocab)
                 raise ValidationError(
                     f"Input validation error: token id {bad} is outside the vocabulary "
                     f"(size {vocab})"
                 )
             try:
-                out.append(tok.decode(seq, skip_special_tokens=skip_special_tokens))
+                out.append(_decode(tok, seq, skip_special_tokens=skip_special_tokens))
             except Exception as exc:
                 raise TokenizerError(f"tokenizer error: {exc}") from exc
         return out
@@ -348,12 +340,63 @@ def _size(items: Sequence[str | list[int]], prompt: str | None) -> int:
     return sum(len(i) for i in items) + len(prompt or "") * len(items)
 
 
-def _char_to_byte_offsets(text: str) -> list[int]:
-    """byte_at[i] = byte offset of character i; byte_at[len(text)] = total bytes."""
-    offsets = [0] * (len(text) + 1)
-    pos = 0
-    for i, ch in enumerate(text):
-        offsets[i] = pos
-        pos += len(ch.encode("utf-8"))
-    offsets[len(text)] = pos
-    return offsets
+def _encode(
+    tok: Tokenizer,
+    first: str,
+    second: str | None = None,
+    *,
+    add_special_tokens: bool,
+    offsets: bool = False,
+) -> TokenizerEncoding:
+    """`tok.encode`, except that a long input goes through the batch call.
+
+    `Tokenizer.encode` and `decode` hold the interpreter lock for their whole run (a quarter of
+    a second for 60,000 CJK characters), which stops the event loop even from a pool thread;
+    the batch calls let go of it. Without offsets (all that embedding needs) it is faster still.
+    """
+    if len(first) + len(second or "") <= INLINE_CHARS:
+        return tok.encode(first, second, add_special_tokens=add_special_tokens)
+    item: str | tuple[str, str] = first if second is None else (first, second)
+    batch = tok.encode_batch if offsets else tok.encode_batch_fast
+    return batch([item], add_special_tokens=add_special_tokens)[0]
+
+
+def _decode(tok: Tokenizer, ids: list[int], *, skip_special_tokens: bool) -> str:
+    """`tok.decode`; a long sequence through the batch call, which lets go of the lock."""
+    if len(ids) <= INLINE_CHARS:
+        return tok.decode(ids, skip_special_tokens=skip_special_tokens)
+    return tok.decode_batch([ids], skip_special_tokens=skip_special_tokens)[0]
+
+
+def _tokens(
+    tok: Tokenizer,
+    text: str,
+    ids: list[int],
+    offsets: list[tuple[int, int]],
+    special: list[int],
+) -> Tokens:
+    """One input's tokens in time linear in its length: byte offsets from one table of the
+    text's characters, each token's text sliced from the text (its characters are whole)."""
+    texts = [text[a:b] for a, b in offsets]
+    starts: list[int | None]
+    stops: list[int | None]
+    if text.isascii():
+        starts, stops = [a for a, _ in offsets], [b for _, b in offsets]
+    else:
+        table = _byte_offsets(text)
+        starts, stops = [table[a] for a, _ in offsets], [table[b] for _, b in offsets]
+    flags = [bool(s) for s in special]
+    for i in [i for i, flag in enumerate(flags) if flag]:
+        # Special tokens have no place in the text: their own piece, and no offsets (TEI).
+        texts[i] = tok.id_to_token(ids[i]) or ""
+        starts[i] = stops[i] = None
+    return Tokens(ids, texts, flags, starts, stops)
+
+
+def _byte_offsets(text: str) -> list[int]:
+    """table[i] = the UTF-8 byte offset of character i; table[len(text)] = the text's bytes."""
+    points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    widths = 1 + (points >= 0x80).astype(np.int64) + (points >= 0x800) + (points >= 0x10000)
+    table = np.zeros(len(points) + 1, dtype=np.int64)
+    np.cumsum(widths, out=table[1:])
+    return table.tolist()

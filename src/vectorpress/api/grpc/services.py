@@ -9,19 +9,20 @@ means false, never `--auto-truncate`.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+import numpy as np
 
+from vectorpress.api import answers
 from vectorpress.api.grpc.streams import ordered
 from vectorpress.api.grpc.stubs import pb, pb_grpc
 from vectorpress.api.headers import timing_headers
 from vectorpress.api.state import AppState, ModelState
 from vectorpress.core import postprocess
 from vectorpress.core.infer import Result
-from vectorpress.core.tokenization import PairInput, Token
+from vectorpress.core.tokenization import PairInput, Tokens
 from vectorpress.errors import EmptyError, ModelTypeError, ValidationError, VectorpressError
 from vectorpress.types import Timings, Truncation
 
@@ -217,7 +218,8 @@ class EmbedService(_Service, pb_grpc.EmbedServicer):
             wait_for_permits=wait,
             priority=priority,
         )
-        tokens = [pb.TokenEmbedding(embeddings=row) for row in result.values[0].tolist()]
+        hidden = result.values[0]
+        tokens = await answers.off_loop(hidden.size, _token_embeddings, hidden)
         return pb.EmbedAllResponse(token_embeddings=tokens, metadata=metadata(result)), result
 
     async def Embed(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -352,7 +354,6 @@ class RerankService(_Service, pb_grpc.RerankServicer):
         self, model: ModelState, requests: AsyncIterable[Any], priority: str | None = None
     ) -> Answer:
         self._require_reranker(model)
-        started = time.perf_counter()
         first: list[Any] = []
         texts: list[str] = []
 
@@ -367,26 +368,29 @@ class RerankService(_Service, pb_grpc.RerankServicer):
                 raw_scores=first[0].raw_scores,
                 wait_for_permits=True,
                 priority=priority,
+                counted=False,
             )
 
-        results = [r async for r in ordered(requests, score, self.max_parallel)]
-        if not results:
-            raise EmptyError("`texts` cannot be empty")
-        scores = [r.values[0][0][1] for r in results]
-        order = [(i, scores[i]) for i in postprocess.rerank_order(scores)]
-        n = len(results)
-        total = Result(
-            order,
-            chars=sum(r.chars for r in results),
-            tokens=sum(r.tokens for r in results),
-            timings=Timings(
-                tokenization=sum(r.timings.tokenization for r in results if r.timings) / n,
-                queue=sum(r.timings.queue for r in results if r.timings) / n,
-                inference=sum(r.timings.inference for r in results if r.timings) / n,
-            ),
-            total_time=time.perf_counter() - started,
-        )
-        ranks = self._ranks(order, texts if first[0].return_text else None)
+        async def ranked() -> Result[list[tuple[int, float]]]:
+            results = [r async for r in ordered(requests, score, self.max_parallel)]
+            if not results:
+                raise EmptyError("`texts` cannot be empty")
+            scores = [r.values[0][0][1] for r in results]
+            n = len(results)
+            return Result(
+                [(i, scores[i]) for i in postprocess.rerank_order(scores)],
+                chars=sum(r.chars for r in results),
+                tokens=sum(r.tokens for r in results),
+                timings=Timings(
+                    tokenization=sum(r.timings.tokenization for r in results if r.timings) / n,
+                    queue=sum(r.timings.queue for r in results if r.timings) / n,
+                    inference=sum(r.timings.inference for r in results if r.timings) / n,
+                ),
+            )
+
+        # TEI counts a stream as one batch request, however many messages it has.
+        total = await model.infer.stream_request(ranked, "rerank")
+        ranks = self._ranks(total.values, texts if first[0].return_text else None)
         return pb.RerankResponse(ranks=ranks, metadata=metadata(total)), total
 
     async def Rerank(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -398,9 +402,18 @@ class RerankService(_Service, pb_grpc.RerankServicer):
         )
 
 
-def _token(t: Token) -> Any:
-    extra = {k: v for k, v in (("start", t.start), ("stop", t.stop)) if v is not None}
-    return pb.SimpleToken(id=t.id, text=t.text, special=t.special, **extra)
+def _token_embeddings(hidden: np.ndarray) -> list[Any]:
+    return [pb.TokenEmbedding(embeddings=row) for row in hidden.tolist()]
+
+
+def _encode_response(t: Tokens) -> Any:
+    tokens = [
+        pb.SimpleToken(id=i, text=x, special=True)
+        if a is None
+        else pb.SimpleToken(id=i, text=x, special=s, start=a, stop=b)
+        for i, x, s, a, b in zip(t.ids, t.texts, t.special, t.starts, t.stops, strict=True)
+    ]
+    return pb.EncodeResponse(tokens=tokens)
 
 
 class TokenizeService(_Service, pb_grpc.TokenizeServicer):
@@ -410,7 +423,7 @@ class TokenizeService(_Service, pb_grpc.TokenizeServicer):
             add_special_tokens=req.add_special_tokens,
             prompt_name=optional(req, "prompt_name"),
         )
-        return pb.EncodeResponse(tokens=[_token(t) for t in tokens[0]]), None
+        return await answers.off_loop(len(tokens[0]), _encode_response, tokens[0]), None
 
     async def _decode(self, model: ModelState, req: Any) -> Answer:
         texts = await model.infer.decode(

@@ -1,4 +1,4 @@
-"""/predict and /rerank."""
+"""/predict and /rerank (the latter routed by api/clash.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from vectorpress.api.headers import timing_headers
-from vectorpress.api.native.common import json_response, priority_header
+from vectorpress.api.native.common import json_answer, priority_header
 from vectorpress.api.native.schemas import (
     PredictRequest,
     RerankRequest,
@@ -71,14 +71,12 @@ async def predict(body: PredictRequest, request: Request) -> Response:
     payload, result = await run_predict(
         model_for(request, body.model), body, priority_header(request)
     )
-    return json_response(payload, timing_headers(result))
+    return await json_answer(payload, timing_headers(result))
 
 
-@router.post(
-    "/rerank", summary="Score (query, text) pairs with a cross-encoder; best first, ties by index"
-)
+# Served on /rerank through api/clash.py, which shares the path with Infinity's body.
 async def rerank(body: RerankRequest, request: Request) -> Response:
     payload, result = await run_rerank(
         model_for(request, body.model), body, priority_header(request)
     )
-    return json_response(payload, timing_headers(result))
+    return await json_answer(payload, timing_headers(result))

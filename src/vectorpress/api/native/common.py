@@ -10,6 +10,7 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from starlette.responses import Response
 
+from vectorpress.api import answers
 from vectorpress.errors import ValidationError
 
 B = TypeVar("B", bound=pydantic.BaseModel)
@@ -23,6 +24,13 @@ def json_response(
         status_code=status_code,
         media_type="application/json",
         headers=headers,
+    )
+
+
+async def json_answer(payload: object, headers: dict[str, str] | None = None) -> Response:
+    """An inference answer: as json_response, its body built off the loop when it is large."""
+    return Response(
+        await answers.json_body(payload), media_type="application/json", headers=headers
     )
 
 

@@ -13,7 +13,7 @@ from starlette.responses import Response
 from vectorpress.api.headers import timing_headers
 from vectorpress.api.native.classify import run_predict, run_rerank
 from vectorpress.api.native.common import (
-    json_response,
+    json_answer,
     priority_header,
     read_json,
     validate,
@@ -69,7 +69,7 @@ async def _default(request: Request) -> Response:
     model, handler = default_route(state)
     body = validate(model, data)
     payload, result = await handler(state, body, priority_header(request))
-    return json_response(payload, timing_headers(result))
+    return await json_answer(payload, timing_headers(result))
 
 
 _DEFAULT_DOC = (
@@ -112,4 +112,4 @@ async def vertex(body: VertexRequest, request: Request) -> Response:
     for p in predictions:
         if isinstance(p, BaseException):
             raise p  # the first failing instance in request order, as TEI
-    return json_response({"predictions": predictions})
+    return await json_answer({"predictions": predictions})

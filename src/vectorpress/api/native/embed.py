@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from vectorpress.api.headers import timing_headers
-from vectorpress.api.native.common import json_response, priority_header
+from vectorpress.api.native.common import json_answer, priority_header
 from vectorpress.api.native.schemas import (
     EmbedAllRequest,
     EmbedRequest,
@@ -98,7 +98,7 @@ async def embed(body: EmbedRequest, request: Request) -> Response:
     payload, result = await run_embed(
         model_for(request, body.model), body, priority_header(request)
     )
-    return json_response(payload, timing_headers(result))
+    return await json_answer(payload, timing_headers(result))
 
 
 @router.post("/embed_all", summary="The last hidden state of every token of every input")
@@ -106,7 +106,7 @@ async def embed_all(body: EmbedAllRequest, request: Request) -> Response:
     payload, result = await run_embed_all(
         model_for(request, body.model), body, priority_header(request)
     )
-    return json_response(payload, timing_headers(result))
+    return await json_answer(payload, timing_headers(result))
 
 
 @router.post("/embed_sparse", summary="SPLADE sparse embeddings: the non-zero (index, value)s")
@@ -114,7 +114,7 @@ async def embed_sparse(body: EmbedSparseRequest, request: Request) -> Response:
     payload, result = await run_embed_sparse(
         model_for(request, body.model), body, priority_header(request)
     )
-    return json_response(payload, timing_headers(result))
+    return await json_answer(payload, timing_headers(result))
 
 
 @router.post("/similarity", summary="Cosine similarity of each sentence with a source sentence")
@@ -122,4 +122,4 @@ async def similarity(body: SimilarityRequest, request: Request) -> Response:
     payload, result = await run_similarity(
         model_for(request, body.model), body, priority_header(request)
     )
-    return json_response(payload, timing_headers(result))
+    return await json_answer(payload, timing_headers(result))

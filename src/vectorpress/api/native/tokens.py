@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from collections.abc import Iterator
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from vectorpress.api.native.common import json_response
+from vectorpress.api import answers
 from vectorpress.api.native.schemas import DecodeRequest, TokenizeRequest
 from vectorpress.api.routing import infer_for
+from vectorpress.core.tokenization import Tokens
 
 router = APIRouter(tags=["Text Embeddings Inference"])
 
@@ -20,7 +21,36 @@ async def tokenize(body: TokenizeRequest, request: Request) -> Response:
     tokens = await infer_for(request, body.model).tokenize(
         inputs, add_special_tokens=body.add_special_tokens, prompt_name=body.prompt_name
     )
-    return json_response([[asdict(t) for t in one] for one in tokens])
+    content = await answers.off_loop(sum(map(len, tokens)), tokens_json, tokens)
+    return Response(content, media_type="application/json")
+
+
+def tokens_json(tokens: list[Tokens]) -> bytes:
+    """TEI's SimpleToken objects, one list per input, made a chunk at a time."""
+    parts = [b"["]
+    for i, t in enumerate(tokens):
+        if i:
+            parts.append(b",")
+        answers.array_into(parts, _rows(t))
+    parts.append(b"]")
+    return b"".join(parts)
+
+
+def _rows(t: Tokens) -> Iterator[list[dict[str, object]]]:
+    step = answers.CHUNK_VALUES
+    for lo in range(0, len(t), step):
+        hi = lo + step
+        yield [
+            {"id": i, "text": x, "special": s, "start": a, "stop": b}
+            for i, x, s, a, b in zip(
+                t.ids[lo:hi],
+                t.texts[lo:hi],
+                t.special[lo:hi],
+                t.starts[lo:hi],
+                t.stops[lo:hi],
+                strict=True,
+            )
+        ]
 
 
 @router.post("/decode", summary="Text of each list of token ids")
@@ -32,4 +62,4 @@ async def decode(body: DecodeRequest, request: Request) -> Response:
         batch,  # type: ignore[arg-type]
         skip_special_tokens=body.skip_special_tokens,
     )
-    return json_response(texts)
+    return Response(await answers.json_body(texts), media_type="application/json")

@@ -1,4 +1,5 @@
-"""GET /v1/models: OpenAI's list of the served models, with what each can do."""
+"""GET /v1/models: OpenAI's list of the served models, with what each can do; also GET /models
+(Infinity's listing path)."""
 
 from __future__ import annotations
 
@@ -51,3 +52,8 @@ def model_object(state: AppState, model: ModelState) -> dict[str, Any]:
 async def list_models(request: Request) -> Response:
     state = get_state(request)
     return json_response({"object": "list", "data": [model_object(state, m) for m in state.models]})
+
+
+router.add_api_route(
+    "/models", list_models, methods=["GET"], summary="Alias of /v1/models (Infinity's listing)"
+)

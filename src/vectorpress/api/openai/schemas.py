@@ -1,12 +1,18 @@
-"""OpenAI's embeddings request. Unknown fields are ignored."""
+"""OpenAI's embeddings request, with the extensions other providers' clients send to the same
+route. Unknown fields are ignored; a body with none of the extensions is answered as before.
+Jina's `truncate` stays ignored as TEI ignores it: --auto-truncate decides."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import ConfigDict, StrictInt, StrictStr
+from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
+from vectorpress.api.encodings import Dtype
 from vectorpress.api.native.schemas import Input, Prioritized
+
+EncodingFormat = Literal["float", "base64", "int8", "uint8", "binary", "ubinary"]
+JinaEmbeddingType = Literal["float", "base64", "int8", "uint8", "binary", "ubinary"]
 
 
 class EmbeddingsRequest(Prioritized):
@@ -18,5 +24,34 @@ class EmbeddingsRequest(Prioritized):
     input: Input
     model: StrictStr | None = None
     user: StrictStr | None = None
-    encoding_format: Literal["float", "base64"] = "float"
+    encoding_format: EncodingFormat = Field(
+        "float",
+        description="float or base64 (OpenAI); extension: int8, uint8, binary, ubinary as JSON "
+        "integers",
+    )
     dimensions: StrictInt | None = None
+    embed_dtype: Dtype | None = Field(
+        None,
+        description="Extension (vLLM's): the type of each value, float32 (default), float16, "
+        "bfloat16, int8, uint8, binary or ubinary; with `encoding_format: base64`, base64 of its "
+        "little-endian bytes",
+    )
+    truncate_prompt_tokens: StrictInt | None = Field(
+        None,
+        description="Extension (vLLM's): keep the first N tokens of each input, special tokens "
+        "included; -1 truncates to the model's maximum",
+    )
+    task: StrictStr | None = Field(
+        None,
+        description="Extension (Jina's): retrieval.query, retrieval.passage, text-matching, "
+        "classification or separation, mapped to the model's prompt of that name (or query / "
+        "passage); no prompt if it has none",
+    )
+    normalized: StrictBool | None = Field(
+        None, description="Extension (Jina's): false answers vectors as pooled, unnormalized"
+    )
+    embedding_type: JinaEmbeddingType | None = Field(
+        None,
+        description="Extension (Jina's): float, base64 (of float32), binary or ubinary (packed "
+        "sign bits as integers), int8 or uint8; takes precedence over `encoding_format`",
+    )

@@ -14,7 +14,6 @@ into the packed layout, so pooling, Dense modules and raw outputs are `backends/
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +33,7 @@ from vectorpress.backends.common.threads import num_threads
 from vectorpress.backends.torch.backend import load_head
 from vectorpress.backends.torch.heads import MLMHead
 from vectorpress.backends.torch.registry import lookup
+from vectorpress.cpus import available_cpus
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec
 from vectorpress.types import Batch, BatchOutput
@@ -135,7 +135,7 @@ class OnnxBackend:
         self.dtype = "float32"
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.intra_op_num_threads = os.cpu_count() or 1
+        options.intra_op_num_threads = available_cpus()
         options.inter_op_num_threads = 1
         providers = ["CPUExecutionProvider"]
         self.device = "cpu"

@@ -2,8 +2,8 @@
 
 Queries, keys and values arrive flat, `(total_tokens, heads, head_dim)`, with sequence bounds in
 `cu_seqlens`. On the CPU, sequences of equal length are gathered into one
-`scaled_dot_product_attention` call each: no padding, few calls. `reference_attention` runs one
-call per sequence and is the path every fast path is tested against.
+`scaled_dot_product_attention` call each: no padding, few calls. Every path here is tested
+against one explicit softmax per sequence (tests/helpers/attention.py).
 """
 
 from __future__ import annotations
@@ -228,34 +228,3 @@ def varlen_attention(
         window_size=(left, right),
         enable_gqa=q.shape[1] != k.shape[1],
     )
-
-
-def reference_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    seqs: PackedSequences,
-    *,
-    causal: bool = False,
-    window: int | None = None,
-    scale: float | None = None,
-    bias: Callable[[int], torch.Tensor] | None = None,
-) -> torch.Tensor:
-    """One explicit softmax(QK^T)V per sequence, in float32; the slow path tests trust."""
-    n_heads, kv_heads = q.shape[1], k.shape[1]
-    rep = n_heads // kv_heads
-    out = torch.empty_like(q)
-    for s, L in zip(seqs.starts, seqs.lengths, strict=False):
-        qs = q[s : s + L].float().transpose(0, 1)
-        ks = k[s : s + L].float().transpose(0, 1).repeat_interleave(rep, 0)
-        vs = v[s : s + L].float().transpose(0, 1).repeat_interleave(rep, 0)
-        scores = qs @ ks.transpose(1, 2) * (scale if scale is not None else qs.shape[-1] ** -0.5)
-        mask = _mask(L, causal, window, q.device)
-        if mask is None and causal:
-            mask = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        if bias is not None:
-            scores = scores + bias(L).float()
-        out[s : s + L] = (scores.softmax(-1) @ vs).transpose(0, 1).to(q.dtype)
-    return out

@@ -22,6 +22,7 @@ from vectorpress.backends.common.pooling import (
 from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.backends.preemption import add_layer_points
 from vectorpress.backends.torch.attention import varlen_usable
+from vectorpress.backends.torch.blocks import FusedModel
 from vectorpress.backends.torch.heads import ClassificationHead, MLMHead
 from vectorpress.backends.torch.int8 import INT8_PASS_TOKENS, int8_ready, quantize_linears
 from vectorpress.backends.torch.layers import onednn_supported
@@ -45,7 +46,7 @@ _DTYPES = {
 class ServedModel(nn.Module):
     """The encoder plus the head the served task needs (none for dense embeddings)."""
 
-    def __init__(self, encoder: nn.Module, head: nn.Module | None) -> None:
+    def __init__(self, encoder: FusedModel, head: nn.Module | None) -> None:
         super().__init__()
         self.encoder = encoder
         self.head = head
@@ -153,11 +154,8 @@ class TorchBackend:
         model = build_model(spec, arch)
         model.eval().to(device=device, dtype=torch_dtype)
         plan = PassPlan(small_onednn=False, large_onednn=False)
-        fuse = getattr(model.encoder, "fuse", None)
         if int8:
-            if not callable(fuse):
-                raise StartupError(f"{spec.model_type} has no int8 path in vectorpress")
-            fuse(False)  # F.linear until quantized below
+            model.encoder.fuse(False)  # F.linear until quantized below
         elif device == "cpu" and onednn_supported(torch_dtype):
             plan = plan_passes(model.encoder, spec.position_offset)
             log.info(
@@ -165,8 +163,8 @@ class TorchBackend:
                 *("oneDNN" if plan.small_onednn else "F.linear", _threads(plan.small_threads)),
                 *("oneDNN" if plan.large_onednn else "F.linear", _threads(0)),
             )
-        elif callable(fuse):
-            fuse()
+        else:
+            model.encoder.fuse()
         if isinstance(model.head, MLMHead) and device == "cpu":
             model.head.fuse()
         self.model = model
@@ -177,7 +175,6 @@ class TorchBackend:
         self.dense = [
             load_dense(d).eval().to(device=device, dtype=torch.float32) for d in spec.dense
         ]
-        self._torch_dtype = torch_dtype
         self.passes = CpuPasses(INT8_PASS_TOKENS if int8 else CPU_PASS_TOKENS, plan)
         if int8:
             self._quantize()

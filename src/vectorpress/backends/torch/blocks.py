@@ -1,14 +1,18 @@
-"""Fused GEMM groups that several model files share, built on FusedLinear.
+"""What several model files share: fused GEMM groups on FusedLinear, the decoder attention and
+gated MLP, and the `fuse()` that prepares a whole model.
 
-Each is built by a model's `fuse()` once the weights are final, and kept in a plain attribute
-(not a submodule): it holds derived copies of weights that the state dict owns under the
-model's own names.
+A model file's modules hold the weights under the Hugging Face state dict's names; their forward
+runs only the fused GEMMs that `fuse()` builds from those weights once they are final (loaded,
+on their device and dtype). A fused group lives in a plain attribute (not a submodule): it holds
+derived copies of weights that the state dict owns. `fuse(fast=False)` builds the same groups on
+F.linear: the portable path, and the reference the oneDNN path is tested against.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -18,6 +22,36 @@ from vectorpress.backends.common.activations import Activation, activation
 from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.backends.torch.attention import packed_attention
 from vectorpress.backends.torch.layers import FusedLinear
+from vectorpress.backends.torch.rotary import RMSNorm, rotate
+
+T = TypeVar("T")
+
+
+def built(fused: T | None) -> T:
+    """A module's fused GEMMs; a forward before `fuse()` is a programming error, said plainly."""
+    if fused is None:
+        raise RuntimeError(
+            "call fuse() on the model once its weights are loaded, before running it"
+        )
+    return fused
+
+
+class Fusable(nn.Module):
+    """A module whose forward runs GEMMs that `fuse()` builds from its weights."""
+
+    def fuse(self, fast: bool = True) -> None:
+        raise NotImplementedError
+
+
+class FusedModel(nn.Module):
+    """A model file's top module: `fuse()` prepares every Fusable module in it."""
+
+    def fuse(self, fast: bool = True) -> None:
+        """Build every fused GEMM group once the weights are final; `fast=False` keeps F.linear
+        everywhere (the portable path, and the reference of the oneDNN one)."""
+        for module in self.modules():
+            if isinstance(module, Fusable):
+                module.fuse(fast)
 
 
 def merged(*linears: nn.Linear, act: str | None = None, fast: bool = True) -> FusedLinear:
@@ -123,3 +157,81 @@ class FusedGatedMLP:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)
         return self.down(self.act(gate).mul_(up))
+
+
+class DecoderAttention(Fusable):
+    """A decoder's attention (Llama-style: Qwen2/3, Mistral, Llama; Gemma3), on packed tokens.
+
+    Grouped-query: k and v may have fewer heads than q. Optional RMSNorm on each head of q and
+    k before the rotation (Qwen3, Gemma3); the score scale is head_dim ** -0.5 unless given
+    (Gemma3's query_pre_attn_scalar).
+    """
+
+    def __init__(
+        self,
+        hidden: int,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        *,
+        qkv_bias: bool = False,
+        o_bias: bool = False,
+        qk_norm: tuple[float, float] | None = None,
+        scale: float | None = None,
+    ) -> None:
+        """`qk_norm`: the per-head RMSNorm's (eps, offset), or None for none."""
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim, self.scale = heads, kv_heads, head_dim, scale
+        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=o_bias)
+        norm = (lambda: RMSNorm(head_dim, *qk_norm)) if qk_norm is not None else None
+        self.q_norm = norm() if norm is not None else None
+        self.k_norm = norm() if norm is not None else None
+        self.fused: FusedQKVO | None = None
+
+    def fuse(self, fast: bool = True) -> None:
+        self.fused = FusedQKVO.of(self.q_proj, self.k_proj, self.v_proj, self.o_proj, fast)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        seqs: PackedSequences,
+        causal: bool,
+        window: int | None,
+    ) -> torch.Tensor:
+        total = x.shape[0]
+        fused = built(self.fused)
+        q, k, v = fused.project(x)
+        q = q.view(total, self.heads, self.head_dim)
+        k = k.view(total, self.kv_heads, self.head_dim)
+        v = v.view(total, self.kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = rope
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        out = packed_attention(q, k, v, seqs, causal=causal, window=window, scale=self.scale)
+        return fused.o(out.reshape(total, self.heads * self.head_dim))
+
+
+class GatedMLP(Fusable):
+    """`down_proj(act(gate_proj(x)) * up_proj(x))`: SiLU for Llama-style decoders, tanh-GeLU
+    for Gemma3."""
+
+    def __init__(self, hidden: int, intermediate: int, act: str, bias: bool = False) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.act_name = act
+        self.fused: FusedGatedMLP | None = None
+
+    def fuse(self, fast: bool = True) -> None:
+        self.fused = FusedGatedMLP.of(
+            self.gate_proj, self.up_proj, self.down_proj, self.act_name, fast
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return built(self.fused)(x)

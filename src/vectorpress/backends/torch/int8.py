@@ -7,7 +7,7 @@ pass, and a vector would depend on its batch-mates), one per output channel for 
 SmoothQuant's per-channel migration of activation outliers into the weights (alpha 0.5,
 calibrated once at start-up on `common/data/calibration.txt`): minimum 0.9957 with it, 0.9904
 without, in the probe that chose it; the recipe as shipped keeps >= 0.9927 on all 1,200 texts of the
-default corpus with 7-bit weights (tests/perf/test_int8.py). Weights keep 8 bits on CPUs with
+default corpus with 7-bit weights (tests/fast_paths/test_int8.py). Weights keep 8 bits on CPUs with
 VNNI (minimum 0.9959 on those 1,200 texts) and 7 bits elsewhere: on AVX2 without VNNI the kernel
 sums pairs of u8 x s8 products in 16 bits with saturation (255 x 127 x 2 overflows; 255 x 63 x
 2 does not), and 8-bit weights after smoothing lost more to that than they gained (0.988).
@@ -28,7 +28,12 @@ from torch import nn
 
 from vectorpress.backends.common.calibration import ALPHA, WEIGHT_LEVELS, row_range, smoothing
 from vectorpress.backends.common.sequences import PackedSequences
-from vectorpress.backends.torch.layers import FusedLinear, fused_linears, observe_linears
+from vectorpress.backends.torch.layers import (
+    FusedLinear,
+    fused_linears,
+    observe_linears,
+    portable_cpu,
+)
 from vectorpress.errors import StartupError
 
 # Passes of 2,048 tokens: the per-token scaling passes over every activation once more, and at
@@ -62,6 +67,10 @@ _workspace = _Workspace()
 def int8_ready() -> None:
     """Raise unless this torch build runs fbgemm's int8 linear (x86 CPUs)."""
     engines = torch.backends.quantized.supported_engines
+    if portable_cpu():
+        raise StartupError(
+            "--dtype int8 needs fbgemm's int8 kernels: VECTORPRESS_PORTABLE_CPU is set"
+        )
     if (
         torch.backends.quantized.engine not in ("x86", "fbgemm")
         or "fbgemm" not in engines

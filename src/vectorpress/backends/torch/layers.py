@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -50,8 +51,21 @@ _ONEDNN_POSTOPS: dict[str, tuple[str, str]] = {
 }
 
 
+def portable_cpu() -> bool:
+    """Whether `VECTORPRESS_PORTABLE_CPU=1` asks for the path a CPU without oneDNN, AVX-512 or
+    fbgemm gets (F.linear everywhere, no int8) on any CPU.
+
+    Read from the environment here rather than from the settings: like torch's own
+    ATEN_CPU_CAPABILITY it stands in for the hardware, so that the parity tests can run the
+    portable path on machines that have every fast kernel (tests/fast_paths/test_portable.py).
+    """
+    return os.environ.get("VECTORPRESS_PORTABLE_CPU", "") not in ("", "0")
+
+
 def onednn_supported(dtype: torch.dtype) -> bool:
     """Whether this CPU build can run oneDNN's packed linear in `dtype` at native speed."""
+    if portable_cpu():
+        return False
     if not torch.backends.mkldnn.is_available() or not hasattr(
         torch.ops.mkldnn, "_linear_pointwise"
     ):

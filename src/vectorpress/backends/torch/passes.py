@@ -7,13 +7,16 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
 from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.backends.common.threads import num_threads
 from vectorpress.backends.torch.layers import onednn_linears
+
+if TYPE_CHECKING:
+    from vectorpress.backends.torch.blocks import FusedModel
 
 # Real tokens per encoder pass on the CPU. Measured on all-MiniLM-L6-v2 (2-core AMD EPYC,
 # packed fp32, oneDNN linear): 4,096-token passes run 1.2-2x the tokens/s of 16,384-token
@@ -100,7 +103,7 @@ class PassPlan:
 
 
 def plan_passes(
-    encoder: nn.Module,
+    encoder: FusedModel,
     position_offset: int,
     *,
     repeats: int = 3,
@@ -120,10 +123,7 @@ def plan_passes(
     faster than one on an idle machine, but 10x slower when other processes hold the cores
     (each op's barrier waits for a thread that is not scheduled).
     """
-    fuse = getattr(encoder, "fuse", None)
-    if fuse is None:
-        return PassPlan(False, False)
-    fuse(True)
+    encoder.fuse(True)
     available = torch.get_num_threads()
 
     def timed(lengths: list[int], onednn: bool, threads: int) -> float:

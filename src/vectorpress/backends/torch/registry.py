@@ -12,7 +12,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch import nn
+from vectorpress.backends.torch.blocks import FusedModel
 
 Rules = tuple[tuple[str, "str | None"], ...]
 
@@ -77,10 +77,12 @@ class Architecture:
             return unsupported_rotary(config)
         return None
 
-    def build_encoder(self, config: dict[str, object]) -> nn.Module:
+    def build_encoder(self, config: dict[str, object]) -> FusedModel:
         module_name, cls_name = self.encoder.split(":")
         module = importlib.import_module(f"vectorpress.backends.torch.models.{module_name}")
-        return getattr(module, cls_name)(config)
+        encoder = getattr(module, cls_name)(config)
+        assert isinstance(encoder, FusedModel), f"{self.encoder} is no FusedModel"
+        return encoder
 
 
 _BERT = Architecture(

@@ -15,10 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from vectorpress.backends.common.activations import activation
 from vectorpress.backends.common.sequences import PackedSequences
-from vectorpress.backends.torch.attention import packed_attention
-from vectorpress.backends.torch.blocks import FusedPostNormLayer
+from vectorpress.backends.torch.blocks import Fusable, FusedModel, FusedPostNormLayer, built
 
 
 class BertEmbeddings(nn.Module):
@@ -78,7 +76,7 @@ class BertOutput(nn.Module):
         self.LayerNorm = nn.LayerNorm(hidden, eps=eps)
 
 
-class PostNormFFN(nn.Module):
+class PostNormFFN(Fusable):
     """What BERT's layer shares with MPNet's: the feed-forward half and its fused GEMMs. Each
     subclass adds its own `attention` block."""
 
@@ -89,7 +87,6 @@ class PostNormFFN(nn.Module):
         self.intermediate = BertIntermediate(hidden, cfg["intermediate_size"])
         self.output = BertOutput(hidden, cfg["intermediate_size"], eps)
         self.act_name = cfg.get("hidden_act", "gelu")
-        self.act = activation(self.act_name)
         self.fused: FusedPostNormLayer | None = None
 
 
@@ -112,17 +109,8 @@ class BertLayer(PostNormFFN):
         )
 
     def forward(self, x: torch.Tensor, seqs: PackedSequences) -> torch.Tensor:
-        out = self.attention.output
-        if self.fused is not None:
-            return self.fused(x, seqs, out.LayerNorm, self.output.LayerNorm)
-        total, hidden = x.shape
-        sa = self.attention.self
-        qkv = torch.cat([sa.query(x), sa.key(x), sa.value(x)], dim=-1)
-        q, k, v = qkv.view(total, 3, self.heads, hidden // self.heads).unbind(1)
-        ctx = packed_attention(q, k, v, seqs).reshape(total, hidden)
-        x = out.LayerNorm(out.dense(ctx) + x)
-        h = self.act(self.intermediate.dense(x))
-        return self.output.LayerNorm(self.output.dense(h) + x)
+        norm = self.attention.output.LayerNorm
+        return built(self.fused)(x, seqs, norm, self.output.LayerNorm)
 
 
 class BertEncoder(nn.Module):
@@ -131,19 +119,13 @@ class BertEncoder(nn.Module):
         self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg["num_hidden_layers"]))
 
 
-class BertModel(nn.Module):
+class BertModel(FusedModel):
     """Returns the last hidden state of every real token, `(total_tokens, hidden)`."""
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__()
         self.embeddings = BertEmbeddings(cfg)
         self.encoder = BertEncoder(cfg)
-
-    def fuse(self, fast: bool = True) -> None:
-        """`fast=False` keeps F.linear everywhere: the reference the fast path is tested on."""
-        for layer in self.encoder.layer:
-            assert isinstance(layer, BertLayer)
-            layer.fuse(fast)
 
     def forward(
         self,

@@ -7,15 +7,13 @@ field for it). Its config names differ from BERT's (`dim`, `n_heads`, `hidden_di
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
 
-from vectorpress.backends.common.activations import activation
 from vectorpress.backends.common.sequences import PackedSequences
-from vectorpress.backends.torch.attention import packed_attention
-from vectorpress.backends.torch.blocks import FusedPostNormLayer
+from vectorpress.backends.torch.blocks import Fusable, FusedModel, FusedPostNormLayer, built
 
 _EPS = 1e-12
 
@@ -42,32 +40,22 @@ class MultiHeadSelfAttention(nn.Module):
         self.v_lin = nn.Linear(dim, dim)
         self.out_lin = nn.Linear(dim, dim)
 
-    def forward(self, x: torch.Tensor, seqs: PackedSequences) -> torch.Tensor:
-        total, dim = x.shape
-        shape = (total, self.heads, dim // self.heads)
-        q, k, v = (lin(x).view(shape) for lin in (self.q_lin, self.k_lin, self.v_lin))
-        return self.out_lin(packed_attention(q, k, v, seqs).reshape(total, dim))
-
 
 class FFN(nn.Module):
-    def __init__(self, dim: int, hidden: int, act: str) -> None:
+    def __init__(self, dim: int, hidden: int) -> None:
         super().__init__()
         self.lin1 = nn.Linear(dim, hidden)
         self.lin2 = nn.Linear(hidden, dim)
-        self.act = activation(act)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lin2(self.act(self.lin1(x)))
 
 
-class TransformerBlock(nn.Module):
+class TransformerBlock(Fusable):
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__()
         dim = cfg["dim"]
         self.act_name = cfg.get("activation", "gelu")
         self.attention = MultiHeadSelfAttention(dim, cfg["n_heads"])
         self.sa_layer_norm = nn.LayerNorm(dim, eps=_EPS)
-        self.ffn = FFN(dim, cfg["hidden_dim"], self.act_name)
+        self.ffn = FFN(dim, cfg["hidden_dim"])
         self.output_layer_norm = nn.LayerNorm(dim, eps=_EPS)
         self.fused: FusedPostNormLayer | None = None
 
@@ -83,10 +71,7 @@ class TransformerBlock(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, seqs: PackedSequences) -> torch.Tensor:
-        if self.fused is not None:
-            return self.fused(x, seqs, self.sa_layer_norm, self.output_layer_norm)
-        x = self.sa_layer_norm(self.attention(x, seqs) + x)
-        return self.output_layer_norm(self.ffn(x) + x)
+        return built(self.fused)(x, seqs, self.sa_layer_norm, self.output_layer_norm)
 
 
 class Transformer(nn.Module):
@@ -95,19 +80,13 @@ class Transformer(nn.Module):
         self.layer = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg["n_layers"]))
 
 
-class DistilBertModel(nn.Module):
+class DistilBertModel(FusedModel):
     """Returns the last hidden state of every real token, `(total_tokens, dim)`."""
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__()
         self.embeddings = Embeddings(cfg)
         self.transformer = Transformer(cfg)
-
-    def fuse(self, fast: bool = True) -> None:
-        """Prepare the GEMMs once the weights are final; `fast=False` keeps F.linear
-        everywhere: the reference the fast path is tested on."""
-        for layer in self.transformer.layer:
-            cast(TransformerBlock, layer).fuse(fast)
 
     def forward(
         self,

@@ -17,16 +17,14 @@ applied after pooling like any other Dense.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
 
-from vectorpress.backends.common.activations import activation
 from vectorpress.backends.common.sequences import PackedSequences
-from vectorpress.backends.torch.attention import packed_attention
-from vectorpress.backends.torch.blocks import FusedGatedMLP, FusedQKVO
-from vectorpress.backends.torch.rotary import RMSNorm, Rotary, rope_scale, rope_theta, rotate
+from vectorpress.backends.torch.blocks import DecoderAttention, FusedModel, GatedMLP
+from vectorpress.backends.torch.rotary import RMSNorm, Rotary, rope_scale, rope_theta
 
 _SLIDING = "sliding_attention"
 
@@ -41,79 +39,26 @@ def _layer_types(cfg: dict[str, Any]) -> list[str]:
     return [_SLIDING if (i + 1) % pattern else "full_attention" for i in range(n)]
 
 
-class Gemma3Attention(nn.Module):
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__()
-        hidden = cfg["hidden_size"]
-        bias = bool(cfg.get("attention_bias", False))
-        self.heads = cfg["num_attention_heads"]
-        self.kv_heads = cfg.get("num_key_value_heads") or self.heads
-        self.head_dim = cfg.get("head_dim") or hidden // self.heads
-        self.scale = float(cfg.get("query_pre_attn_scalar") or self.head_dim) ** -0.5
-        self.q_proj = nn.Linear(hidden, self.heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=bias)
-        eps = cfg.get("rms_norm_eps", 1e-6)
-        self.q_norm = RMSNorm(self.head_dim, eps, offset=1.0)
-        self.k_norm = RMSNorm(self.head_dim, eps, offset=1.0)
-        self.fused: FusedQKVO | None = None
-
-    def fuse(self, fast: bool = True) -> None:
-        self.fused = FusedQKVO.of(self.q_proj, self.k_proj, self.v_proj, self.o_proj, fast)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        seqs: PackedSequences,
-        causal: bool,
-        window: int | None,
-    ) -> torch.Tensor:
-        total = x.shape[0]
-        fused = self.fused
-        if fused is None:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        else:
-            q, k, v = fused.project(x)
-        q = self.q_norm(q.view(total, self.heads, self.head_dim))
-        k = self.k_norm(k.view(total, self.kv_heads, self.head_dim))
-        v = v.view(total, self.kv_heads, self.head_dim)
-        cos, sin = rope
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        out = packed_attention(q, k, v, seqs, causal=causal, window=window, scale=self.scale)
-        out = out.reshape(total, self.heads * self.head_dim)
-        return self.o_proj(out) if fused is None else fused.o(out)
-
-
-class Gemma3MLP(nn.Module):
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__()
-        hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
-        self.gate_proj = nn.Linear(hidden, inter, bias=False)
-        self.up_proj = nn.Linear(hidden, inter, bias=False)
-        self.down_proj = nn.Linear(inter, hidden, bias=False)
-        self.act_name = cfg.get("hidden_activation") or "gelu_pytorch_tanh"
-        self.act = activation(self.act_name)
-        self.fused: FusedGatedMLP | None = None
-
-    def fuse(self, fast: bool = True) -> None:
-        self.fused = FusedGatedMLP.of(
-            self.gate_proj, self.up_proj, self.down_proj, self.act_name, fast
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fused is not None:
-            return self.fused(x)
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
-
-
 class Gemma3DecoderLayer(nn.Module):
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__()
         hidden, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
-        self.self_attn = Gemma3Attention(cfg)
-        self.mlp = Gemma3MLP(cfg)
+        heads = cfg["num_attention_heads"]
+        head_dim = cfg.get("head_dim") or hidden // heads
+        bias = bool(cfg.get("attention_bias", False))
+        self.self_attn = DecoderAttention(
+            hidden,
+            heads,
+            cfg.get("num_key_value_heads") or heads,
+            head_dim,
+            qkv_bias=bias,
+            o_bias=bias,
+            qk_norm=(eps, 1.0),
+            # Scores scaled by query_pre_attn_scalar ** -0.5, as Gemma was trained.
+            scale=float(cfg.get("query_pre_attn_scalar") or head_dim) ** -0.5,
+        )
+        act = cfg.get("hidden_activation") or "gelu_pytorch_tanh"
+        self.mlp = GatedMLP(hidden, cfg["intermediate_size"], act)
         self.input_layernorm = RMSNorm(hidden, eps, offset=1.0)
         self.post_attention_layernorm = RMSNorm(hidden, eps, offset=1.0)
         self.pre_feedforward_layernorm = RMSNorm(hidden, eps, offset=1.0)
@@ -133,7 +78,7 @@ class Gemma3DecoderLayer(nn.Module):
         return x + self.post_feedforward_layernorm(h)
 
 
-class Gemma3TextModel(nn.Module):
+class Gemma3TextModel(FusedModel):
     """Returns the final-normed hidden state of every real token, `(total_tokens, hidden)`."""
 
     def __init__(self, cfg: dict[str, Any]) -> None:
@@ -165,14 +110,6 @@ class Gemma3TextModel(nn.Module):
             # A bidirectional window as config.json spells it is the whole span, half each side
             # (transformers turns it into the exclusive bound sliding_window // 2 + 1).
             self.window = int(sliding)
-
-    def fuse(self, fast: bool = True) -> None:
-        """Prepare the GEMMs once the weights are final; `fast=False` keeps F.linear
-        everywhere: the reference the fast path is tested on."""
-        for layer in self.layers:
-            layer = cast(Gemma3DecoderLayer, layer)
-            layer.self_attn.fuse(fast)
-            layer.mlp.fuse(fast)
 
     def forward(
         self,

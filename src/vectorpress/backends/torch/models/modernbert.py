@@ -16,7 +16,7 @@ dense -> activation -> LayerNorm -> classifier.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
@@ -24,7 +24,7 @@ from torch import nn
 from vectorpress.backends.common.activations import activation
 from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.backends.torch.attention import packed_attention
-from vectorpress.backends.torch.blocks import FusedGatedMLP
+from vectorpress.backends.torch.blocks import Fusable, FusedGatedMLP, FusedModel, built
 from vectorpress.backends.torch.layers import FusedLinear
 from vectorpress.backends.torch.rotary import Rotary, rope_theta, rotate
 
@@ -56,7 +56,7 @@ class ModernBertEmbeddings(nn.Module):
         return out
 
 
-class ModernBertAttention(nn.Module):
+class ModernBertAttention(Fusable):
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__()
         hidden = cfg["hidden_size"]
@@ -77,7 +77,7 @@ class ModernBertAttention(nn.Module):
         window: int | None,
     ) -> torch.Tensor:
         total, hidden = x.shape
-        wqkv, wo = self.fused or (self.Wqkv, self.Wo)
+        wqkv, wo = built(self.fused)
         qkv = wqkv(x).view(total, 3, self.heads, hidden // self.heads)
         q, k, v = qkv.unbind(1)
         cos, sin = rope
@@ -91,7 +91,7 @@ class ModernBertAttention(nn.Module):
         return wo(out.reshape(total, hidden))
 
 
-class ModernBertMLP(nn.Module):
+class ModernBertMLP(Fusable):
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__()
         hidden, inter = cfg["hidden_size"], int(cfg["intermediate_size"])
@@ -108,11 +108,7 @@ class ModernBertMLP(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fused is not None:
-            return self.fused(x)
-        inp, gate = self.Wi(x).chunk(2, dim=-1)
-        out: torch.Tensor = self.Wo(self.act(inp) * gate)
-        return out
+        return built(self.fused)(x)
 
 
 class ModernBertEncoderLayer(nn.Module):
@@ -135,7 +131,7 @@ class ModernBertEncoderLayer(nn.Module):
         return out
 
 
-class ModernBertModel(nn.Module):
+class ModernBertModel(FusedModel):
     """Returns the final-normed hidden state of every real token, `(total_tokens, hidden)`."""
 
     def __init__(self, cfg: dict[str, Any]) -> None:
@@ -154,14 +150,6 @@ class ModernBertModel(nn.Module):
         )
         # `local_attention` is the whole window; packed_attention keeps |distance| <= window // 2.
         self.window = int(cfg.get("local_attention", 128))
-
-    def fuse(self, fast: bool = True) -> None:
-        """Prepare the GEMMs once the weights are final; `fast=False` keeps F.linear
-        everywhere: the reference the fast path is tested on."""
-        for layer in self.layers:
-            layer = cast(ModernBertEncoderLayer, layer)
-            layer.attn.fuse(fast)
-            layer.mlp.fuse(fast)
 
     def forward(
         self,

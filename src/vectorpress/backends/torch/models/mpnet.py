@@ -13,14 +13,13 @@ What is special:
 from __future__ import annotations
 
 import math
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
 
 from vectorpress.backends.common.sequences import PackedSequences
-from vectorpress.backends.torch.attention import packed_attention
-from vectorpress.backends.torch.blocks import FusedPostNormLayer
+from vectorpress.backends.torch.blocks import FusedModel, FusedPostNormLayer, built
 from vectorpress.backends.torch.models.bert import PostNormFFN
 
 _BUCKETS = 32
@@ -89,17 +88,8 @@ class MPNetLayer(PostNormFFN):
         )
 
     def forward(self, x: torch.Tensor, seqs: PackedSequences, bias: Any) -> torch.Tensor:
-        if self.fused is not None:
-            return self.fused(x, seqs, self.attention.LayerNorm, self.output.LayerNorm, bias)
-        total, hidden = x.shape
-        sa = self.attention.attn
-        shape = (total, self.heads, hidden // self.heads)
-        q, k, v = sa.q(x).view(shape), sa.k(x).view(shape), sa.v(x).view(shape)
-        ctx = packed_attention(q, k, v, seqs, bias=bias).reshape(total, hidden)
-        x = self.attention.LayerNorm(sa.o(ctx) + x)
-        h = self.act(self.intermediate.dense(x))
-        out: torch.Tensor = self.output.LayerNorm(self.output.dense(h) + x)
-        return out
+        fused = built(self.fused)
+        return fused(x, seqs, self.attention.LayerNorm, self.output.LayerNorm, bias)
 
 
 class MPNetEncoder(nn.Module):
@@ -111,19 +101,13 @@ class MPNetEncoder(nn.Module):
         )
 
 
-class MPNetModel(nn.Module):
+class MPNetModel(FusedModel):
     """Returns the last hidden state of every real token, `(total_tokens, hidden)`."""
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__()
         self.embeddings = MPNetEmbeddings(cfg)
         self.encoder = MPNetEncoder(cfg)
-
-    def fuse(self, fast: bool = True) -> None:
-        """Prepare the GEMMs once the weights are final; `fast=False` keeps F.linear
-        everywhere: the reference the fast path is tested on."""
-        for layer in self.encoder.layer:
-            cast(MPNetLayer, layer).fuse(fast)
 
     def forward(
         self,

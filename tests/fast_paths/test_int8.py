@@ -13,6 +13,7 @@ import pytest
 from bench.corpus import corpus
 
 from tests.helpers.batches import alone_and_together, assert_quantized_close, pooled
+from tests.helpers.cpu import needs_fbgemm
 from tests.helpers.reference import assert_close_vectors, st_encode
 from tests.helpers.server import LiveServer
 from vectorpress.backends.select import select_backend
@@ -29,6 +30,7 @@ def int8_minilm(minilm: Path) -> TorchBackend:
     return TorchBackend(load_model_spec(minilm, ModelSettings(str(minilm))), "cpu", "int8")
 
 
+@needs_fbgemm
 @pytest.mark.slow
 def test_int8_within_099_of_float32_on_every_corpus_text(
     int8_minilm: TorchBackend, corpus_batches: list[Batch], corpus_fp32: np.ndarray
@@ -40,6 +42,7 @@ def test_int8_within_099_of_float32_on_every_corpus_text(
     assert_quantized_close(got, want, "int8 vs fp32")
 
 
+@needs_fbgemm
 def test_an_int8_vector_does_not_depend_on_its_batch_mates(
     minilm: Path, int8_minilm: TorchBackend
 ) -> None:
@@ -48,6 +51,7 @@ def test_an_int8_vector_does_not_depend_on_its_batch_mates(
     np.testing.assert_array_equal(alone, together)
 
 
+@needs_fbgemm
 def test_int8_over_http_is_close_to_sentence_transformers(minilm: Path) -> None:
     texts = ["what is the capital of Australia", *corpus(6, seed=9)]
     want = st_encode(minilm, texts)

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.helpers.cpu import needs_onednn
 from tests.helpers.reference import assert_close_vectors, st_encode
 from tests.helpers.texts import mixed_texts
 from vectorpress.backends.common.threads import num_threads
@@ -34,6 +35,7 @@ def _embed(backend: TorchBackend, encodings: list[Encoding]) -> np.ndarray:
     return out.pooled
 
 
+@needs_onednn
 @pytest.mark.parametrize("act", [None, *_ONEDNN_POSTOPS])
 def test_packed_linear_matches_f_linear(act: str | None) -> None:
     gen = torch.Generator().manual_seed(1)
@@ -63,6 +65,7 @@ def test_unknown_activation_falls_back_unfused() -> None:
     torch.testing.assert_close(layer(x), F.linear(x, weight, bias), rtol=1e-4, atol=1e-5)
 
 
+@needs_onednn
 def test_fast_model_matches_the_f_linear_model_and_sentence_transformers(minilm: Path) -> None:
     spec = load_model_spec(minilm, ModelSettings(str(minilm)))
     backend = TorchBackend(spec, "cpu", "float32")
@@ -120,6 +123,7 @@ def test_a_big_batch_in_several_cpu_passes_equals_one_pass(
     assert_close_vectors(alone[0], one[:1], min_cos=0.999999, max_abs=1e-5, what="alone")
 
 
+@needs_onednn
 def test_kernels_and_threads_are_planned_by_timing_the_model(
     minilm: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -188,6 +192,7 @@ def test_kernels_and_threads_are_planned_by_timing_the_model(
         assert used and all(u == (False, 2) for u in used)
 
 
+@needs_onednn
 def test_padded_passes_give_the_vectors_of_exact_ones(minilm: Path) -> None:
     from vectorpress.backends.torch.passes import CpuPasses, PassPlan, bucket_rows
 
@@ -212,6 +217,7 @@ def test_padded_passes_give_the_vectors_of_exact_ones(minilm: Path) -> None:
         assert_close_vectors(got, want, min_cos=0.999999, max_abs=1e-5, what="padded pass")
 
 
+@needs_onednn
 def test_onednn_passes_run_at_a_bounded_set_of_row_counts() -> None:
     from vectorpress.backends.torch.passes import CPU_PASS_TOKENS, bucket_rows
 

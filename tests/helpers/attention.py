@@ -1,0 +1,51 @@
+"""The attention every fast path is tested against: one explicit softmax(QK^T)V per sequence."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from vectorpress.backends.common.sequences import PackedSequences
+
+
+def allowed(length: int, causal: bool, window: int | None) -> torch.Tensor:
+    """(query, key) pairs a query may attend to, spelled out from the definitions rather than
+    taken from the code under test: a causal query sees no later key; a window of W keeps keys
+    at distance <= W // 2 (the span the model configs give, half on each side)."""
+    query = torch.arange(length).unsqueeze(1)
+    key = torch.arange(length).unsqueeze(0)
+    ok = torch.ones(length, length, dtype=torch.bool)
+    if causal:
+        ok &= key <= query
+    if window is not None:
+        ok &= (query - key).abs() <= window // 2
+    return ok
+
+
+def reference_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seqs: PackedSequences,
+    *,
+    causal: bool = False,
+    window: int | None = None,
+    scale: float | None = None,
+    bias: Callable[[int], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Packed `(total_tokens, heads, head_dim)` inputs, one sequence at a time, in float32;
+    k and v heads repeated for grouped-query attention."""
+    rep = q.shape[1] // k.shape[1]
+    out = torch.empty_like(q)
+    for s, n in zip(seqs.starts, seqs.lengths, strict=True):
+        qs = q[s : s + n].float().transpose(0, 1)
+        ks = k[s : s + n].float().transpose(0, 1).repeat_interleave(rep, 0)
+        vs = v[s : s + n].float().transpose(0, 1).repeat_interleave(rep, 0)
+        scores = qs @ ks.transpose(1, 2) * (scale if scale is not None else qs.shape[-1] ** -0.5)
+        if bias is not None:
+            scores = scores + bias(n).float()
+        mask = allowed(n, causal, window).to(q.device)
+        scores = scores.masked_fill(~mask, float("-inf"))
+        out[s : s + n] = (scores.softmax(-1) @ vs).transpose(0, 1).to(q.dtype)
+    return out

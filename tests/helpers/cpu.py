@@ -1,0 +1,30 @@
+"""Skips for tests of a CPU fast path where this machine (or VECTORPRESS_PORTABLE_CPU) lacks it:
+the portable path those machines run instead is tested on its own (test_portable.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vectorpress.backends.torch.int8 import int8_ready
+from vectorpress.backends.torch.layers import onednn_supported
+from vectorpress.errors import StartupError
+
+
+def _int8_missing() -> str | None:
+    try:
+        int8_ready()
+    except StartupError as exc:
+        return str(exc)
+    return None
+
+
+needs_onednn = pytest.mark.skipif(
+    not onednn_supported(torch.float32),
+    reason="tests the oneDNN linear path: this CPU or torch build has no oneDNN packed linear "
+    "(or VECTORPRESS_PORTABLE_CPU is set)",
+)
+needs_fbgemm = pytest.mark.skipif(
+    _int8_missing() is not None,
+    reason=f"tests --dtype int8, which runs on fbgemm: {_int8_missing()}",
+)

@@ -1,0 +1,29 @@
+"""One CPU pass plan for every start-up inside a block, for tests that compare two servers (or a
+server and an engine) to the bit.
+
+Each start-up times its model on oneDNN and on F.linear and keeps the faster
+(`backends.torch.passes.plan_passes`); two start-ups on a busy machine can pick differently, and
+the two kernels differ in the last bits. Inside `fixed_pass_plan()` both sides run oneDNN.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+
+@contextlib.contextmanager
+def fixed_pass_plan() -> Iterator[None]:
+    from vectorpress.backends.torch import backend
+    from vectorpress.backends.torch.passes import PassPlan
+
+    def plan(encoder: Any, position_offset: int) -> PassPlan:
+        encoder.fuse(True)
+        return PassPlan(small_onednn=True, large_onednn=True)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(backend, "plan_passes", plan)
+        yield

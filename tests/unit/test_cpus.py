@@ -1,0 +1,127 @@
+"""Thread defaults follow the CPUs the process may use: affinity and the cgroup CPU quota."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from vectorpress.cpus import available_cpus, cgroup_cpu_limit
+
+
+def _tree(tmp_path: Path, self_cgroup: str, files: dict[str, str]) -> tuple[Path, Path]:
+    root = tmp_path / "sys-fs-cgroup"
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    root.mkdir(exist_ok=True)
+    proc = tmp_path / "proc-self-cgroup"
+    proc.write_text(self_cgroup)
+    return root, proc
+
+
+def test_v2_quota_of_the_cgroup_and_its_parents(tmp_path: Path) -> None:
+    root, proc = _tree(
+        tmp_path,
+        "0::/kubepods/pod1/ctr\n",
+        {
+            "cpu.max": "max 100000\n",
+            "kubepods/pod1/cpu.max": "150000 100000\n",
+            "kubepods/pod1/ctr/cpu.max": "max 100000\n",
+        },
+    )
+    assert cgroup_cpu_limit(root, proc) == 1.5
+    (root / "kubepods/pod1/ctr/cpu.max").write_text("50000 100000\n")
+    assert cgroup_cpu_limit(root, proc) == 0.5
+
+
+def test_v2_without_a_quota(tmp_path: Path) -> None:
+    root, proc = _tree(tmp_path, "0::/user.slice\n", {"cpu.max": "max 100000\n"})
+    assert cgroup_cpu_limit(root, proc) is None
+
+
+def test_v2_inside_a_container_reads_the_mount_root(tmp_path: Path) -> None:
+    # The container's namespace shows its own cgroup as the mount root, while
+    # /proc/self/cgroup can still name a host path that does not exist in it.
+    root, proc = _tree(
+        tmp_path, "0::/system.slice/docker-abc.scope\n", {"cpu.max": "200000 100000"}
+    )
+    assert cgroup_cpu_limit(root, proc) == 2.0
+
+
+def test_v1_cfs_quota(tmp_path: Path) -> None:
+    root, proc = _tree(
+        tmp_path,
+        "12:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n1:name=systemd:/docker/abc\n",
+        {
+            "cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "250000\n",
+            "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n",
+            "cpu,cpuacct/cpu.cfs_quota_us": "-1\n",
+            "cpu,cpuacct/cpu.cfs_period_us": "100000\n",
+        },
+    )
+    assert cgroup_cpu_limit(root, proc) == 2.5
+    (root / "cpu,cpuacct/docker/abc/cpu.cfs_quota_us").write_text("-1\n")
+    assert cgroup_cpu_limit(root, proc) is None
+
+
+def test_unreadable_or_odd_files_mean_no_limit(tmp_path: Path) -> None:
+    assert cgroup_cpu_limit(tmp_path / "none", tmp_path / "none") is None
+    root, proc = _tree(tmp_path, "0::/\n", {"cpu.max": "garbage"})
+    assert cgroup_cpu_limit(root, proc) is None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux affinity")
+def test_a_server_started_on_one_cpu_sizes_its_threads_by_it(
+    tiny_bert_family: Callable[..., Path], tmp_path: Path
+) -> None:
+    if available_cpus() < 2:
+        pytest.skip("needs two CPUs to tell one from the host's count")
+    one = min(os.sched_getaffinity(0))
+    port = _free_port()
+    log = tmp_path / "stdout"
+    cmd = [sys.executable, "-m", "vectorpress", "serve", "--model-id"]
+    cmd += [str(tiny_bert_family()), "--hostname", "127.0.0.1", "--port", str(port)]
+    env = {**os.environ, "LOG_LEVEL": "info"}
+    env.pop("TOKENIZATION_WORKERS", None)
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [*cmd, "--json-output"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=lambda: os.sched_setaffinity(0, {one}),
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, log.read_text()
+            try:
+                info = httpx.get(f"http://127.0.0.1:{port}/info", timeout=30).json()
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "server did not open its port"
+                time.sleep(0.2)
+        lines = [json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")]
+        [loaded] = [x["fields"] for x in lines if x.get("message") == "model loaded and warmed up"]
+        assert loaded["threads"] == 1, loaded
+        assert loaded["tokenization_workers"] == info["tokenization_workers"] == 1
+    finally:
+        proc.terminate()
+        proc.wait(60)

@@ -33,6 +33,7 @@ def held(minilm: Path) -> Iterator[tuple[LiveServer, FaultyBackend, Stubs]]:
         stubs = Stubs.connect(srv.grpc_target)
         backend = made[0]
         backend.gate = threading.Event()
+        backend.started.clear()  # set by the warm-up: the test waits for its own first batch
         try:
             yield srv, backend, stubs
         finally:

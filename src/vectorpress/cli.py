@@ -48,6 +48,13 @@ def _int(value: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
 
 
+def _float(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+
+
 def _pooling(value: str) -> str:
     return value.replace("-", "_")
 
@@ -190,6 +197,48 @@ _FLAGS: list[tuple[str, str, Callable[[str], Any] | type[bool] | None, Any, str]
         _int,
         1024,
         "Most messages of one gRPC stream in flight",
+    ),
+    (
+        "--max-total-concurrent-requests",
+        "MAX_TOTAL_CONCURRENT_REQUESTS",
+        _int,
+        None,
+        "Admission permits across every model, one per input (default: each model's only)",
+    ),
+    (
+        "--interactive-max-inputs",
+        "INTERACTIVE_MAX_INPUTS",
+        _int,
+        32,
+        "Most inputs of a request that is interactive by default",
+    ),
+    (
+        "--interactive-max-tokens",
+        "INTERACTIVE_MAX_TOKENS",
+        _int,
+        2048,
+        "Most tokens of a request that is interactive by default",
+    ),
+    (
+        "--bulk-pass-tokens",
+        "BULK_PASS_TOKENS",
+        _int,
+        None,
+        "Most tokens of one bulk unit (default: 4096 on CPU, the batch budget elsewhere)",
+    ),
+    (
+        "--scheduler-weight",
+        "SCHEDULER_WEIGHT",
+        _float,
+        1.0,
+        "The model's share of the device against others with bulk work",
+    ),
+    (
+        "--preemption",
+        "PREEMPTION",
+        bool,
+        True,
+        "Run waiting interactive work between the layers of a bulk batch",
     ),
 ]
 

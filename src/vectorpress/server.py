@@ -20,13 +20,16 @@ import uvicorn
 from vectorpress.api.state import AppState, ModelState
 from vectorpress.backends.base import Backend
 from vectorpress.backends.select import select_backend
+from vectorpress.backends.torch.passes import CPU_PASS_TOKENS
+from vectorpress.core.admission import Admission
 from vectorpress.core.calibration import Calibration
 from vectorpress.core.infer import Infer
 from vectorpress.core.metrics import Metrics, Registry
 from vectorpress.core.models import Models
-from vectorpress.core.queue import BatchingQueue
+from vectorpress.core.queue import BatchingQueue, LanePolicy
+from vectorpress.core.scheduler import Scheduler
 from vectorpress.core.tokenization import TokenizerPool
-from vectorpress.core.worker import BackendWorker, ModelThread, limit_malloc_arenas
+from vectorpress.core.worker import BackendWorker, limit_malloc_arenas
 from vectorpress.cpus import available_cpus
 from vectorpress.errors import StartupError
 from vectorpress.hub import resolve_model
@@ -91,10 +94,12 @@ def build_pipeline(
     spec: ModelSpec,
     backend: Backend,
     metrics: Metrics | None = None,
-    thread: ModelThread | None = None,
+    scheduler: Scheduler | None = None,
+    server_admission: Admission | None = None,
 ) -> Infer:
-    """Queue, worker, tokenizer pool and Infer around a loaded backend; the worker is started
-    (on `thread`, the one that loaded the backend, when given)."""
+    """Queue, worker, tokenizer pool and Infer around a loaded backend, its worker added to
+    `scheduler` (the one whose device thread loaded the backend; every model of a process
+    shares it, and `server_admission`, the server-wide permits, when given)."""
     metrics = metrics or Metrics(spec.max_input_length, settings.model_name)
     metrics.set_info(backend=backend.name, dtype=backend.dtype, device=backend.device)
     max_batch_requests = backend.max_batch_size or settings.max_batch_requests
@@ -109,7 +114,14 @@ def build_pipeline(
         metrics.record_batch(batch, elapsed, backend.is_padded, ok)
 
     run = backend.embed if spec.kind == "embedding" else backend.predict
-    worker = BackendWorker(queue, run, on_batch, thread)
+    worker = BackendWorker(
+        queue,
+        run,
+        on_batch,
+        scheduler,
+        pass_tokens=bulk_pass_tokens(settings, backend),
+        weight=settings.scheduler_weight,
+    )
     tokenizers = TokenizerPool.from_folder(
         spec.path,
         max_input_length=spec.max_input_length,
@@ -131,7 +143,31 @@ def build_pipeline(
         windowed=settings.windowed_inputs,
         window_overlap=settings.window_overlap,
         metrics=metrics,
+        lanes=LanePolicy(server.interactive_max_inputs, server.interactive_max_tokens),
+        server_admission=server_admission,
     )
+
+
+def bulk_pass_tokens(settings: ModelSettings, backend: Backend) -> int:
+    """The most tokens of one bulk unit. On the CPU the torch backend runs a batch as passes
+    of CPU_PASS_TOKENS anyway, so units of that size cost no throughput; a GPU keeps whole
+    batches (its preemption points come between layers)."""
+    if settings.bulk_pass_tokens is not None:
+        return min(settings.bulk_pass_tokens, settings.max_batch_tokens)
+    if backend.device == "cpu":
+        return min(CPU_PASS_TOKENS, settings.max_batch_tokens)
+    return settings.max_batch_tokens
+
+
+def make_scheduler(server: ServerSettings) -> Scheduler:
+    """The process's one device thread; backends are loaded and warmed up on it."""
+    return Scheduler(preempt=server.preemption)
+
+
+def make_server_admission(server: ServerSettings) -> Admission | None:
+    """The server-wide permits, when --max-total-concurrent-requests caps them."""
+    cap = server.max_total_concurrent_requests
+    return Admission(cap) if cap is not None else None
 
 
 def calibrate(backend: Backend, spec: ModelSpec) -> Calibration | None:
@@ -186,13 +222,19 @@ def load(
     tracing = Tracing.from_settings(server)
     if tracing is not None:
         log.info("tracing to %s as %s", tracing.endpoint, server.otlp_service_name)
+    # One device thread for every model: each loads, warms up and runs on it.
+    scheduler = make_scheduler(server)
+    admission = make_server_admission(server)
     loaded: list[LoadedModel] = []
     try:
         for settings in config.models:
-            loaded.append(_load_one(config, settings, make_backend, registry, tracing))
+            loaded.append(
+                _load_one(config, settings, make_backend, registry, tracing, scheduler, admission)
+            )
     except BaseException:
         for model in loaded:
             model.close()
+        scheduler.stop()
         if tracing is not None:
             tracing.shutdown()
         raise
@@ -211,6 +253,8 @@ def _load_one(
     make_backend: BackendFactory,
     registry: Registry,
     tracing: Tracing | None,
+    scheduler: Scheduler,
+    admission: Admission | None,
 ) -> LoadedModel:
     server = config.server
     name = settings.model_name
@@ -223,14 +267,9 @@ def _load_one(
             want_onnx=settings.backend == "onnx",
         )
         spec = load_model_spec(folder, settings)
-        thread = ModelThread("vp-backend" if len(config.models) == 1 else f"vp-backend {name}")
-        try:
-            backend = thread.call(lambda: make_backend(spec, settings))
-            thread.call(lambda: warm_up(backend, spec, settings))
-            calibration = thread.call(lambda: calibrate(backend, spec))
-        except BaseException:
-            thread.close()
-            raise
+        backend = scheduler.call(lambda: make_backend(spec, settings))
+        scheduler.call(lambda: warm_up(backend, spec, settings))
+        calibration = scheduler.call(lambda: calibrate(backend, spec))
     except StartupError as exc:
         if len(config.models) == 1:
             raise
@@ -242,7 +281,9 @@ def _load_one(
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise StartupError(f"model {name} ({settings.model_id}) failed to load: {first}") from None
     metrics = Metrics(spec.max_input_length, name, registry)
-    infer = build_pipeline(server, settings, spec, backend, metrics, thread=thread)
+    infer = build_pipeline(
+        server, settings, spec, backend, metrics, scheduler=scheduler, server_admission=admission
+    )
     infer.calibration = calibration
     if tracing is not None:
         infer.tracer = tracing.tracer

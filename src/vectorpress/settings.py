@@ -74,6 +74,16 @@ class ServerSettings:
     """Also serve TEI's gRPC API (tei.v1, health, reflection) on this port when given."""
     grpc_max_parallel_stream_requests: int = 1024
     """Most messages of one gRPC stream read and not yet answered."""
+    max_total_concurrent_requests: int | None = None
+    """Admission permits across every served model (None: only each model's own)."""
+    interactive_max_inputs: int = 32
+    """A request with at most this many inputs, and at most `interactive_max_tokens` tokens in
+    all, runs in the interactive lane unless it names its `priority`."""
+    interactive_max_tokens: int = 2048
+    """Most tokens (all inputs together) of a request that runs in the interactive lane by
+    default."""
+    preemption: bool = True
+    """Run waiting interactive work between the layers of a bulk batch (torch backends)."""
 
     def __post_init__(self) -> None:
         _positive(
@@ -81,6 +91,9 @@ class ServerSettings:
                 "max-concurrent-requests": self.max_concurrent_requests,
                 "payload-limit": self.payload_limit,
                 "grpc-max-parallel-stream-requests": self.grpc_max_parallel_stream_requests,
+                "max-total-concurrent-requests": self.max_total_concurrent_requests,
+                "interactive-max-inputs": self.interactive_max_inputs,
+                "interactive-max-tokens": self.interactive_max_tokens,
             }
         )
         for name, port in (
@@ -129,6 +142,11 @@ class ModelSettings:
     """Token budget of one forward batch (padded cost for padded backends)."""
     max_batch_requests: int | None = None
     """Most inputs in one forward batch."""
+    bulk_pass_tokens: int | None = None
+    """Most tokens of one bulk unit the scheduler runs (None: 4,096 on the CPU, the batch
+    budget elsewhere)."""
+    scheduler_weight: float = 1.0
+    """This model's share of the device against the others' when all have bulk work."""
     max_client_batch_size: int = 32
     """Most inputs in one request."""
     auto_truncate: bool = True
@@ -168,9 +186,14 @@ class ModelSettings:
                 "max-batch-tokens": self.max_batch_tokens,
                 "max-client-batch-size": self.max_client_batch_size,
                 "max-batch-requests": self.max_batch_requests,
+                "bulk-pass-tokens": self.bulk_pass_tokens,
             },
             where,
         )
+        if not self.scheduler_weight > 0:
+            raise StartupError(
+                f"{where}--scheduler-weight must be a positive number, got {self.scheduler_weight}"
+            )
         if self.dtype is not None and self.dtype not in DTYPES:
             raise StartupError(
                 f"{where}--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"

@@ -37,13 +37,21 @@ class FaultyBackend:
         self.gate: threading.Event | None = None
         """When set, each forward pass waits for it (at most a minute)."""
         self.batches: list[list[list[int]]] = []
+        self.events: list[tuple[str, int]] = []
+        """("start", i) and ("end", i) for the i-th batch of `batches`, in the order they
+        happened (a batch run inside another one's forward starts and ends between its two)."""
         self.started = threading.Event()
+        self.started_at: list[float] = []
+        """When each batch of `batches` started: orders batches of several backends."""
 
-    def _inject(self, batch: Batch) -> None:
+    def _inject(self, batch: Batch) -> int:
         cu = batch.cu_seqlens
         self.batches.append(
             [batch.input_ids[cu[i] : cu[i + 1]].tolist() for i in range(batch.size)]
         )
+        index = len(self.batches) - 1
+        self.started_at.append(time.perf_counter())
+        self.events.append(("start", index))
         self.started.set()
         if self.gate is not None:
             self.gate.wait(60)
@@ -56,14 +64,19 @@ class FaultyBackend:
             raise RuntimeError("injected fault")
         if self.oom_above is not None and batch.size > self.oom_above:
             raise RuntimeError("CUDA out of memory (simulated)")
+        return index
 
     def embed(self, batch: Batch) -> BatchOutput:
-        self._inject(batch)
-        return self.inner.embed(batch)
+        index = self._inject(batch)
+        out = self.inner.embed(batch)
+        self.events.append(("end", index))
+        return out
 
     def predict(self, batch: Batch) -> BatchOutput:
-        self._inject(batch)
-        return self.inner.predict(batch)
+        index = self._inject(batch)
+        out = self.inner.predict(batch)
+        self.events.append(("end", index))
+        return out
 
     def health(self) -> None:
         self.inner.health()

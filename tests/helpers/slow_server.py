@@ -1,4 +1,5 @@
-"""`python -m tests.helpers.slow_server PORT DELAY`: the real server process on all-MiniLM-L6-v2
+"""`python -m tests.helpers.slow_server PORT DELAY [MODELS]`: the real server process on
+all-MiniLM-L6-v2 (served MODELS times, as `m0`, `m1`, ... on one scheduler; once by default)
 whose every forward pass takes DELAY seconds longer, to hold requests in flight."""
 
 from __future__ import annotations
@@ -9,18 +10,26 @@ from tests.helpers.checkpoints import minilm_path
 from tests.helpers.faulty import faulty_factory
 from vectorpress.cli import configure_logging
 from vectorpress.server import load, run_event_loop, serve
-from vectorpress.settings import Settings
+from vectorpress.settings import ModelSettings, ServerSettings, Settings
 
 
 def main() -> None:
     port, delay = int(sys.argv[1]), float(sys.argv[2])
-    settings = Settings.single(
-        model_id=str(minilm_path()), hostname="127.0.0.1", port=port, max_batch_requests=10
+    count = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+    models = tuple(
+        ModelSettings(
+            str(minilm_path()),
+            served_model_name=None if count == 1 else f"m{i}",
+            max_batch_requests=10,
+        )
+        for i in range(count)
     )
+    settings = Settings(ServerSettings(hostname="127.0.0.1", port=port), models)
     configure_logging(settings)
     make, made = faulty_factory()
     served = load(settings, make_backend=make)
-    made[0].delay = delay
+    for backend in made:
+        backend.delay = delay
     run_event_loop(serve(served))
 
 

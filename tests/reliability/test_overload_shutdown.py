@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers.server import LiveServer
@@ -59,6 +60,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _body(i: int, models: int) -> dict[str, str]:
+    body = {"inputs": f"request number {i}"}
+    if models > 1:
+        body["model"] = f"m{i % models}"
+    return body
+
+
 def _requests_seen(url: str) -> float:
     text = httpx.get(f"{url}/metrics", timeout=10).text
     for family in text_string_to_metric_families(text):
@@ -68,11 +76,14 @@ def _requests_seen(url: str) -> float:
     return 0.0
 
 
-def test_sigterm_answers_every_request_in_flight_and_exits_0() -> None:
+@pytest.mark.parametrize("models", [1, 2], ids=["one-model", "two-models"])
+def test_sigterm_answers_every_request_in_flight_and_exits_0(models: int) -> None:
+    """With two models, their requests interleave on the one device thread, and every model's
+    in-flight requests are answered before the process exits."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.helpers.slow_server", str(port), "0.25"],
+        [sys.executable, "-m", "tests.helpers.slow_server", str(port), "0.25", str(models)],
         cwd=ROOT,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
         stdout=subprocess.PIPE,
@@ -95,9 +106,7 @@ def test_sigterm_answers_every_request_in_flight_and_exits_0() -> None:
             limits = httpx.Limits(max_connections=200, max_keepalive_connections=0)
             async with httpx.AsyncClient(timeout=120, limits=limits) as http:
                 tasks = [
-                    asyncio.ensure_future(
-                        http.post(f"{url}/embed", json={"inputs": f"request number {i}"})
-                    )
+                    asyncio.ensure_future(http.post(f"{url}/embed", json=_body(i, models)))
                     for i in range(100)
                 ]
                 until = time.monotonic() + 60

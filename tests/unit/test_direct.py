@@ -132,7 +132,7 @@ class Named:
         self.names = names
 
 
-async def echo(state: ModelState, body: Any) -> tuple[Any, Result[Any]]:
+async def echo(state: ModelState, body: Any, priority: str | None) -> tuple[Any, Result[Any]]:
     inputs = body.input if isinstance(body, EmbeddingsRequest) else body.inputs
     if inputs == "overloaded":
         raise OverloadedError()
@@ -145,11 +145,11 @@ async def echo(state: ModelState, body: Any) -> tuple[Any, Result[Any]]:
 
 def _by_name(state: ModelState) -> tuple[type[pydantic.BaseModel], Any]:
     if state.names[0] == "ranker":
-        return schemas.RerankRequest, lambda s, b: echo_query(s, b)
+        return schemas.RerankRequest, lambda s, b, p: echo_query(s, b, p)
     return schemas.EmbedRequest, echo
 
 
-async def echo_query(state: ModelState, body: Any) -> tuple[Any, Result[Any]]:
+async def echo_query(state: ModelState, body: Any, priority: str | None) -> tuple[Any, Result[Any]]:
     return {"query": body.query, "model": state.names[0]}, Result(None)
 
 

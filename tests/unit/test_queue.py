@@ -1,15 +1,14 @@
-"""Batch formation: arrival order, token budget, request cap, abandoned entries dropped."""
+"""Batch formation: arrival order, token budget, request cap, abandoned entries dropped, lanes,
+and what a closed or failed queue does with new entries."""
 
 from __future__ import annotations
 
 import asyncio
-import sys
-import threading
-import time
 
 import pytest
 
-from vectorpress.core.queue import BatchingQueue
+from vectorpress.core.queue import BatchingQueue, Lane, LanePolicy, fail_entries, parse_priority
+from vectorpress.errors import UnhealthyError, ValidationError
 from vectorpress.types import Encoding, Entry, OutputKind
 
 
@@ -24,23 +23,27 @@ def entry(loop: asyncio.AbstractEventLoop, n: int) -> Entry:
     return Entry(Encoding([1] * n, [0] * n), OutputKind.POOLED, loop.create_future(), loop)
 
 
+def take(q: BatchingQueue, lane: Lane = Lane.BULK, max_tokens: int | None = None) -> list[Entry]:
+    return q.take(lane, max_tokens)[0]
+
+
 def test_packs_in_arrival_order_under_token_budget(loop: asyncio.AbstractEventLoop) -> None:
     q = BatchingQueue(max_batch_tokens=10, max_batch_requests=None, padded=False)
     entries = [entry(loop, n) for n in (4, 4, 3, 10, 1)]
     q.put(entries)
-    assert q.next_batch() == entries[:2]
-    assert q.next_batch() == entries[2:3]
-    assert q.next_batch() == entries[3:4]
-    assert q.next_batch() == entries[4:]
-    assert q.next_batch(timeout=0.01) == []
+    assert take(q) == entries[:2]
+    assert take(q) == entries[2:3]
+    assert take(q) == entries[3:4]
+    assert take(q) == entries[4:]
+    assert take(q) == []
 
 
 def test_padded_cost_counts_max_len_times_n(loop: asyncio.AbstractEventLoop) -> None:
     q = BatchingQueue(max_batch_tokens=12, max_batch_requests=None, padded=True)
     entries = [entry(loop, n) for n in (2, 2, 5, 1)]
     q.put(entries)
-    assert q.next_batch() == entries[:2]  # adding 5 would cost 5 * 3 = 15
-    assert q.next_batch() == entries[2:]  # 5 * 2 = 10
+    assert q.take(Lane.BULK) == (entries[:2], 4)  # adding 5 would cost 5 * 3 = 15
+    assert q.take(Lane.BULK) == (entries[2:], 10)  # 5 * 2 = 10
 
 
 def test_request_cap_and_dropped_entries(loop: asyncio.AbstractEventLoop) -> None:
@@ -52,8 +55,8 @@ def test_request_cap_and_dropped_entries(loop: asyncio.AbstractEventLoop) -> Non
     entries[0].future.cancel()
     entries[2].future.cancel()
     q.put(entries)
-    assert q.next_batch() == [entries[1], entries[3]]
-    assert q.next_batch() == [entries[4]]
+    assert take(q) == [entries[1], entries[3]]
+    assert take(q) == [entries[4]]
     assert sum(dropped) == 2
 
 
@@ -61,32 +64,61 @@ def test_an_entry_larger_than_the_budget_still_runs_alone(loop: asyncio.Abstract
     q = BatchingQueue(max_batch_tokens=4, max_batch_requests=None, padded=False)
     big = entry(loop, 9)
     q.put([big, entry(loop, 1)])
-    assert q.next_batch() == [big]
+    assert take(q) == [big]
 
 
-def _waiting(thread: threading.Thread) -> bool:
-    """Whether `thread` is parked in a threading wait (a Condition's, or the lock under it)."""
-    frame = sys._current_frames().get(thread.ident or -1)
-    while frame is not None:
-        if frame.f_code.co_name == "wait" and frame.f_code.co_filename == threading.__file__:
-            return True
-        frame = frame.f_back
-    return False
+def test_lanes_are_separate_fifos_and_a_unit_budget_cuts_bulk(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    q = BatchingQueue(max_batch_tokens=100, max_batch_requests=None, padded=False)
+    bulk = [entry(loop, 4) for _ in range(4)]
+    query = entry(loop, 2)
+    q.put(bulk, Lane.BULK)
+    q.put([query], Lane.INTERACTIVE)
+    assert q.waiting(Lane.INTERACTIVE) == 1 and q.waiting(Lane.BULK) == 4 and len(q) == 5
+    assert take(q, Lane.INTERACTIVE) == [query]
+    assert take(q, Lane.BULK, max_tokens=8) == bulk[:2]
+    assert take(q, Lane.BULK) == bulk[2:]
 
 
-def test_close_wakes_consumer(loop: asyncio.AbstractEventLoop) -> None:
+def test_a_put_after_close_fails_at_once_and_queued_entries_stay(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
     q = BatchingQueue(max_batch_tokens=4, max_batch_requests=None, padded=False)
-    got: list[object] = []
-    consumer = threading.Thread(target=lambda: got.append(q.next_batch()), daemon=True)
-    consumer.start()
-    # The consumer must be blocked on the empty queue before close(), or the test would only
-    # show that a closed queue returns None.
-    deadline = time.monotonic() + 30
-    while not _waiting(consumer):
-        assert consumer.is_alive() and time.monotonic() < deadline, "consumer never blocked"
-        time.sleep(0.005)
+    queued = entry(loop, 1)
+    q.put([queued])
     q.close()
-    consumer.join(30)
-    assert not consumer.is_alive(), "close() did not wake the consumer"
-    assert got == [None]
-    assert q.next_batch() is None
+    with pytest.raises(UnhealthyError, match="shutting down"):
+        q.put([entry(loop, 1)])
+    assert take(q) == [queued]
+
+
+def test_fail_all_fails_waiting_entries_and_later_puts(loop: asyncio.AbstractEventLoop) -> None:
+    q = BatchingQueue(max_batch_tokens=4, max_batch_requests=None, padded=False)
+    waiting = entry(loop, 1)
+    q.put([waiting], Lane.INTERACTIVE)
+    q.fail_all(UnhealthyError())
+    loop.run_until_complete(asyncio.sleep(0))
+    assert isinstance(waiting.future.exception(), UnhealthyError)
+    with pytest.raises(UnhealthyError):
+        q.put([entry(loop, 1)])
+
+
+def test_failing_entries_of_a_closed_loop_is_safe() -> None:
+    gone = asyncio.new_event_loop()
+    orphan = entry(gone, 1)
+    gone.close()
+    fail_entries([orphan], UnhealthyError())  # nobody waits there: no error either
+
+
+def test_lane_policy_and_priority_values() -> None:
+    policy = LanePolicy(max_inputs=2, max_tokens=10)
+    assert policy.lane(None, 2, 10) is Lane.INTERACTIVE
+    assert policy.lane(None, 3, 10) is Lane.BULK
+    assert policy.lane(None, 1, 11) is Lane.BULK
+    assert policy.lane(Lane.INTERACTIVE, 30, 1000) is Lane.INTERACTIVE
+    assert policy.lane(Lane.BULK, 1, 1) is Lane.BULK
+    assert parse_priority(None) is None
+    assert parse_priority(" Bulk") is Lane.BULK
+    with pytest.raises(ValidationError, match="`priority` must be"):
+        parse_priority("urgent")

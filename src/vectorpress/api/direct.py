@@ -32,7 +32,7 @@ from vectorpress.errors import VectorpressError
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[ModelState, Any], Awaitable[tuple[Any, Result[Any]]]]
+Handler = Callable[[ModelState, Any, str | None], Awaitable[tuple[Any, Result[Any]]]]
 Body = type[pydantic.BaseModel]
 Choose = Callable[[ModelState], tuple[Body, Handler]]
 
@@ -111,7 +111,7 @@ class DirectRoutes:
             return
         scope["route"] = route
         try:
-            payload, result = await handler(model, body)
+            payload, result = await handler(model, body, _priority(scope))
         except VectorpressError as exc:
             await vectorpress_error_response(path, exc)(scope, receive, send)
             return
@@ -127,6 +127,14 @@ class DirectRoutes:
         headers += [(k.encode(), v.encode()) for k, v in timing_headers(result).items()]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": content})
+
+
+def _priority(scope: Scope) -> str | None:
+    """The `x-priority` header, as the FastAPI routes read it."""
+    for name, value in scope["headers"]:
+        if name == b"x-priority":
+            return str(value.decode("latin-1"))
+    return None
 
 
 def _replay(raw: bytes, receive: Receive) -> Receive:

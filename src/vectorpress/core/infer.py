@@ -16,7 +16,7 @@ from vectorpress.core import postprocess
 from vectorpress.core.admission import Admission
 from vectorpress.core.calibration import Calibration
 from vectorpress.core.metrics import Metrics
-from vectorpress.core.queue import BatchingQueue
+from vectorpress.core.queue import BatchingQueue, Lane, LanePolicy, parse_priority
 from vectorpress.core.tokenization import PairInput, TextInput, TokenizerPool, Tokens
 from vectorpress.core.worker import BackendWorker
 from vectorpress.errors import (
@@ -133,12 +133,17 @@ class Infer:
         windowed: bool = False,
         window_overlap: int = 0,
         metrics: Metrics | None = None,
+        lanes: LanePolicy | None = None,
+        server_admission: Admission | None = None,
     ) -> None:
         self.spec = spec
         self.tokenizers = tokenizers
         self.queue = queue
         self.worker = worker
         self.admission = Admission(max_concurrent_requests)
+        self.server_admission = server_admission
+        """The permits every model shares (a server-wide cap), taken with this model's own."""
+        self.lanes = lanes or LanePolicy()
         self.max_client_batch_size = max_client_batch_size
         self.auto_truncate = auto_truncate
         self.windowed = windowed
@@ -190,13 +195,12 @@ class Infer:
         kind: OutputKind,
         family: str,
         wait_for_permits: bool = False,
+        priority: Lane | str | None = None,
     ) -> _Run:
         if not self.worker.alive:
             raise UnhealthyError()
-        if wait_for_permits:
-            await self.admission.acquire(n)
-        else:
-            self.admission.try_acquire(n)
+        lane = priority if isinstance(priority, Lane) else parse_priority(priority)
+        await self._admit(n, wait_for_permits)
         try:
             self.metrics.inc(f"te_{family}_count", n)
             started = time.perf_counter()
@@ -219,7 +223,8 @@ class Infer:
                 Entry(enc, kind, loop.create_future(), loop, tokenization=tokenization)
                 for enc in encodings
             ]
-            self.queue.put(entries)
+            tokens = sum(len(e) for e in encodings)
+            self.queue.put(entries, self.lanes.lane(lane, n, tokens))
             try:
                 if len(entries) == 1:  # most requests: one loop iteration less than gather
                     values = [await entries[0].future]
@@ -242,6 +247,25 @@ class Infer:
             return _Run(list(values), encodings, timings)
         finally:
             self.admission.release(n)
+            if self.server_admission is not None:
+                self.server_admission.release(n)
+
+    async def _admit(self, n: int, wait: bool) -> None:
+        """This model's permits, then the server's (both or neither)."""
+        if wait:
+            await self.admission.acquire(n)
+        else:
+            self.admission.try_acquire(n)
+        if self.server_admission is None:
+            return
+        try:
+            if wait:
+                await self.server_admission.acquire(n)
+            else:
+                self.server_admission.try_acquire(n)
+        except BaseException:
+            self.admission.release(n)
+            raise
 
     def _record_run(
         self, family: str, entries: list[Entry], tokenization: float, total: float
@@ -320,6 +344,7 @@ class Infer:
         batch: bool | None = None,
         windowed: bool | None = None,
         window_overlap: int | None = None,
+        priority: Lane | str | None = None,
     ) -> Result[list[np.ndarray]]:
         """Pooled vectors (Dense applied), then Matryoshka truncation, then normalization.
 
@@ -361,7 +386,9 @@ class Infer:
                 spans.extend(len(w) for w in windows)
                 return [e for w in windows for e in w]
 
-            run = await self._run(len(inputs), encode, OutputKind.POOLED, "embed", wait_for_permits)
+            run = await self._run(
+                len(inputs), encode, OutputKind.POOLED, "embed", wait_for_permits, priority
+            )
             values = run.values
             if spans:
                 values = window_means(values, [len(e) for e in run.encodings], spans)
@@ -382,6 +409,7 @@ class Infer:
         prompt_name: str | None = None,
         wait_for_permits: bool = False,
         batch: bool | None = None,
+        priority: Lane | str | None = None,
     ) -> Result[list[tuple[np.ndarray, np.ndarray]]]:
         """SPLADE vectors as (indices, values) of their non-zero entries."""
 
@@ -403,6 +431,7 @@ class Infer:
                 OutputKind.MULTI if m3 else OutputKind.POOLED,
                 "embed",
                 wait_for_permits,
+                priority,
             )
             if m3:
                 values = [(v["sparse_ids"], v["sparse_weights"]) for v in run.values]
@@ -421,6 +450,7 @@ class Infer:
         prompt_name: str | None = None,
         wait_for_permits: bool = False,
         batch: bool | None = None,
+        priority: Lane | str | None = None,
     ) -> Result[list[np.ndarray]]:
         """The last hidden state of every token, special and prompt tokens included."""
 
@@ -440,6 +470,7 @@ class Infer:
                 OutputKind.RAW,
                 "embed",
                 wait_for_permits,
+                priority,
             )
             return self._result(run.values, run, self._chars(inputs))
 
@@ -566,6 +597,7 @@ class Infer:
         truncate: bool | None = None,
         direction: Truncation = Truncation.RIGHT,
         prompt_name: str | None = None,
+        priority: Lane | str | None = None,
     ) -> Result[list[float]]:
         """Cosine similarity of each sentence with the source sentence."""
         if not sentences:
@@ -577,6 +609,7 @@ class Infer:
             direction=direction,
             prompt_name=prompt_name,
             normalize=False,
+            priority=priority,
         )
         src, *rest = result.values
         return Result(
@@ -598,6 +631,7 @@ class Infer:
         raw_scores: bool = False,
         wait_for_permits: bool = False,
         batch: bool | None = None,
+        priority: Lane | str | None = None,
         counted: bool = True,
     ) -> Result[list[list[tuple[str, float]]]]:
         """Per input, every (label, score) sorted by score descending.
@@ -616,6 +650,7 @@ class Infer:
                 OutputKind.POOLED,
                 "predict",
                 wait_for_permits,
+                priority,
             )
             out = []
             for logits in run.values:
@@ -642,6 +677,7 @@ class Infer:
         weights: Sequence[float] | None = None,
         windowed: bool | None = None,
         window_overlap: int | None = None,
+        priority: Lane | str | None = None,
     ) -> Result[list[tuple[int, float]]]:
         """(index, score) of each text, best first; ties put the higher index first.
 
@@ -677,7 +713,12 @@ class Infer:
                 return [e for w in windows for e in w]
 
             run = await self._run(
-                len(texts), encode, OutputKind.POOLED, "predict", wait_for_permits
+                len(texts),
+                encode,
+                OutputKind.POOLED,
+                "predict",
+                wait_for_permits,
+                priority,
             )
             scores = [float(postprocess.class_scores(v, raw_scores)[0]) for v in run.values]
             if spans:
@@ -787,7 +828,7 @@ class Infer:
             )
             entry = Entry(probe, self.spec.probe_kind, loop.create_future(), loop)
             try:
-                self.queue.put([entry])
+                self.queue.put([entry], Lane.INTERACTIVE)
             except VectorpressError:
                 return False
             self._probe = entry.future

@@ -1,4 +1,5 @@
-"""BackendWorker: the one thread that owns the model and runs every forward pass."""
+"""ModelThread, the thread that makes every call into a backend, and BackendWorker, one model's
+batches on it."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from vectorpress.core.queue import BatchingQueue
-from vectorpress.errors import BackendError, UnhealthyError, VectorpressError
+from vectorpress.core.scheduler import Scheduler
+from vectorpress.errors import BackendError, VectorpressError
 from vectorpress.types import Batch, BatchOutput, Entry
 
 log = logging.getLogger(__name__)
@@ -73,11 +75,14 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 class BackendWorker:
-    """Takes batches from the queue, runs them on the backend, resolves the entries' futures.
+    """One model on the scheduler's device thread: runs its batches on its backend and
+    resolves the entries' futures.
 
-    An exception in a forward pass fails only that batch's entries. Out of memory splits the
-    batch and retries the halves before anyone fails. If the thread itself dies, `alive` turns
-    false, waiting entries fail with Unhealthy, and later submissions are refused at once.
+    Any exception while a batch is handled (building the `Batch`, the forward pass, handing out
+    the values, recording its metrics) fails only that batch's entries, and the thread goes on.
+    Out of memory splits the batch and retries the halves before anyone fails. If the thread
+    itself dies, `alive` turns false, waiting entries fail with Unhealthy, and later
+    submissions are refused at once.
     """
 
     def __init__(
@@ -85,82 +90,85 @@ class BackendWorker:
         queue: BatchingQueue,
         run_batch: BatchFn,
         on_batch: Callable[[Batch, float, bool], None] | None = None,
-        thread: ModelThread | None = None,
+        scheduler: Scheduler | None = None,
+        *,
+        pass_tokens: int | None = None,
+        weight: float = 1.0,
     ) -> None:
         self.queue = queue
         self.run_batch = run_batch
         self.on_batch = on_batch
-        self.alive = False
+        self.scheduler = scheduler or Scheduler()
+        self.pass_tokens = pass_tokens or queue.max_batch_tokens
+        """Most tokens in one bulk unit: the device can switch to other work between units."""
+        if weight <= 0:
+            raise ValueError("a model's scheduling weight must be positive")
+        self.weight = weight
+        """This model's share of the device against the others' when all have bulk work."""
         self.last_batch_ok = True
-        self._thread = thread or ModelThread()
-        self._running: Future[None] | None = None
-        self._trimmer = _HeapTrimmer()
+        self._stopped = False
+
+    @property
+    def alive(self) -> bool:
+        """The device thread runs and this model has not been stopped."""
+        return self.scheduler.alive and not self._stopped
 
     def start(self) -> None:
-        self.alive = True
-        self._running = self._thread.submit(self._main)
+        self.scheduler.add(self)
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Finish what is queued, then end the thread."""
+        """Take no more work, finish what is queued; the last model stopped ends the thread."""
         self.queue.close()
-        if self._running is not None:
-            with contextlib.suppress(Exception):
-                self._running.result(timeout)
-        self._thread.close()
+        self.scheduler.retire(self, timeout)
+        self._stopped = True
 
-    def _main(self) -> None:
-        entries: list[Entry] = []
-        try:
-            while True:
-                batch = self.queue.next_batch()
-                if batch is None:
-                    return
-                entries = batch
-                if entries:
-                    self._run(entries)
-                    self._trimmer.maybe_trim()
-                entries = []
-        except BaseException:  # not a failed batch: the thread itself cannot go on
-            log.exception("backend worker died")
-            self.alive = False
-            # The batch in hand was already taken off the queue: fail it too, or its callers
-            # would wait forever.
-            _resolve(entries, [None] * len(entries), UnhealthyError())
-            self.queue.fail_all(UnhealthyError())
-        finally:
-            self.alive = False
-
-    def _run(self, entries: list[Entry]) -> None:
+    def run(self, entries: list[Entry]) -> None:
+        """Run one batch of this model's entries (on the device thread)."""
+        if not entries:
+            return
         started = time.perf_counter()
-        batch = Batch.from_encodings([e.encoding for e in entries], [e.kind for e in entries])
+        preempted = self.scheduler.preempted_s
+        try:
+            batch = Batch.from_encodings([e.encoding for e in entries], [e.kind for e in entries])
+        except Exception as exc:
+            self._fail(entries, None, exc, "building the batch")
+            return
         try:
             output = self._forward(batch)
         except Exception as exc:
             self.last_batch_ok = False
-            if self.on_batch is not None:
-                self.on_batch(batch, time.perf_counter() - started, False)
-            log.error("forward pass failed for a batch of %d inputs: %s", batch.size, exc)
-            message = exc.message if isinstance(exc, VectorpressError) else str(exc)
-            error = BackendError(f"Backend error: {message}")
-            _resolve(entries, [None] * len(entries), error)
+            self._record(batch, started, preempted, False)
+            self._fail(entries, batch, exc, "forward pass")
             return
         self.last_batch_ok = True
-        elapsed = time.perf_counter() - started
-        values: list[Any] = [None] * len(entries)
-        if output.pooled is not None:
-            for row, index in enumerate(batch.pooled_indices):
-                values[index] = output.pooled[row]
-        for arr, index in zip(output.raw, batch.raw_indices, strict=False):
-            values[index] = arr
-        for parts, index in zip(output.multi, batch.multi_indices, strict=False):
-            values[index] = parts
+        elapsed = time.perf_counter() - started - (self.scheduler.preempted_s - preempted)
+        try:
+            values = _values(output, batch, len(entries))
+        except Exception as exc:
+            self._fail(entries, batch, exc, "handing out the outputs")
+            return
         for entry in entries:
             entry.queue_time = started - entry.queued_at
             entry.inference_time = elapsed
         _resolve(entries, values, None)
         # After the hand-off: the event loop's thread takes a while to wake, time enough for this.
-        if self.on_batch is not None:
-            self.on_batch(batch, elapsed, True)
+        self._record(batch, started, preempted, True)
+
+    def _record(self, batch: Batch, started: float, preempted: float, ok: bool) -> None:
+        if self.on_batch is None:
+            return
+        elapsed = time.perf_counter() - started - (self.scheduler.preempted_s - preempted)
+        try:
+            self.on_batch(batch, elapsed, ok)
+        except Exception:  # the batch's callers have their answers: only the metrics miss it
+            log.exception("recording a batch's metrics failed")
+
+    @staticmethod
+    def _fail(entries: list[Entry], batch: Batch | None, exc: Exception, where: str) -> None:
+        n = batch.size if batch is not None else len(entries)
+        log.error("%s failed for a batch of %d inputs: %s", where, n, exc)
+        message = exc.message if isinstance(exc, VectorpressError) else str(exc)
+        _resolve(entries, [None] * len(entries), BackendError(f"Backend error: {message}"))
 
     def _forward(self, batch: Batch) -> BatchOutput:
         try:
@@ -170,6 +178,18 @@ class BackendWorker:
                 raise
             log.warning("out of memory on a batch of %d inputs; retrying in halves", batch.size)
             return _join(self._forward(part) for part in _halves(batch))
+
+
+def _values(output: BatchOutput, batch: Batch, n: int) -> list[Any]:
+    values: list[Any] = [None] * n
+    if output.pooled is not None:
+        for row, index in enumerate(batch.pooled_indices):
+            values[index] = output.pooled[row]
+    for arr, index in zip(output.raw, batch.raw_indices, strict=True):
+        values[index] = arr
+    for parts, index in zip(output.multi, batch.multi_indices, strict=True):
+        values[index] = parts
+    return values
 
 
 _M_ARENA_MAX = -8  # glibc's mallopt parameter number
@@ -187,7 +207,7 @@ def limit_malloc_arenas(arenas: int = 2) -> None:
         ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, arenas)
 
 
-class _HeapTrimmer:
+class HeapTrimmer:
     """Hands freed heap pages back to the OS between batches, at most once a second.
 
     Batches of ever-different shapes leave glibc's arenas fragmented, and resident memory then

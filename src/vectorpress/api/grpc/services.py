@@ -86,6 +86,14 @@ async def _fail(context: grpc.aio.ServicerContext, exc: Exception) -> None:
 MODEL_KEY = "x-model"
 
 
+def _priority(context: grpc.aio.ServicerContext) -> str | None:
+    """The call's `x-priority` metadata, as HTTP's header: which lane its inputs wait in."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "x-priority":
+            return value if isinstance(value, str) else value.decode("latin-1")
+    return None
+
+
 def model_of(state: AppState, context: grpc.aio.ServicerContext) -> ModelState:
     """The served model a call is for, by its `x-model` metadata."""
     name = None
@@ -164,7 +172,9 @@ class InfoService(_Service, pb_grpc.InfoServicer):
 
 
 class EmbedService(_Service, pb_grpc.EmbedServicer):
-    async def _embed(self, model: ModelState, req: Any, wait: bool) -> Answer:
+    async def _embed(
+        self, model: ModelState, req: Any, wait: bool, priority: str | None = None
+    ) -> Answer:
         normalize = optional(req, "normalize")
         result = await model.infer.embed(
             [req.inputs],
@@ -174,17 +184,21 @@ class EmbedService(_Service, pb_grpc.EmbedServicer):
             normalize=True if normalize is None else normalize,
             dimensions=optional(req, "dimensions"),
             wait_for_permits=wait,
+            priority=priority,
         )
         vector = result.values[0]
         return pb.EmbedResponse(embeddings=vector.tolist(), metadata=metadata(result)), result
 
-    async def _sparse(self, model: ModelState, req: Any, wait: bool) -> Answer:
+    async def _sparse(
+        self, model: ModelState, req: Any, wait: bool, priority: str | None = None
+    ) -> Answer:
         result = await model.infer.embed_sparse(
             [req.inputs],
             truncate=req.truncate,
             direction=direction(req.truncation_direction),
             prompt_name=optional(req, "prompt_name"),
             wait_for_permits=wait,
+            priority=priority,
         )
         indices, values = result.values[0]
         sparse = [
@@ -193,48 +207,57 @@ class EmbedService(_Service, pb_grpc.EmbedServicer):
         ]
         return pb.EmbedSparseResponse(sparse_embeddings=sparse, metadata=metadata(result)), result
 
-    async def _all(self, model: ModelState, req: Any, wait: bool) -> Answer:
+    async def _all(
+        self, model: ModelState, req: Any, wait: bool, priority: str | None = None
+    ) -> Answer:
         result = await model.infer.embed_all(
             [req.inputs],
             truncate=req.truncate,
             direction=direction(req.truncation_direction),
             prompt_name=optional(req, "prompt_name"),
             wait_for_permits=wait,
+            priority=priority,
         )
         hidden = result.values[0]
         tokens = await answers.off_loop(hidden.size, _token_embeddings, hidden)
         return pb.EmbedAllResponse(token_embeddings=tokens, metadata=metadata(result)), result
 
     async def Embed(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unary(context, lambda m: self._embed(m, request, wait=False))
+        return await self._unary(
+            context, lambda m: self._embed(m, request, False, _priority(context))
+        )
 
     async def EmbedStream(
         self, request_iterator: Any, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
         async for response in self._stream(
-            context, request_iterator, lambda m, r: self._embed(m, r, wait=True)
+            context, request_iterator, lambda m, r: self._embed(m, r, True, _priority(context))
         ):
             yield response
 
     async def EmbedSparse(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unary(context, lambda m: self._sparse(m, request, wait=False))
+        return await self._unary(
+            context, lambda m: self._sparse(m, request, False, _priority(context))
+        )
 
     async def EmbedSparseStream(
         self, request_iterator: Any, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
         async for response in self._stream(
-            context, request_iterator, lambda m, r: self._sparse(m, r, wait=True)
+            context, request_iterator, lambda m, r: self._sparse(m, r, True, _priority(context))
         ):
             yield response
 
     async def EmbedAll(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unary(context, lambda m: self._all(m, request, wait=False))
+        return await self._unary(
+            context, lambda m: self._all(m, request, False, _priority(context))
+        )
 
     async def EmbedAllStream(
         self, request_iterator: Any, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
         async for response in self._stream(
-            context, request_iterator, lambda m, r: self._all(m, r, wait=True)
+            context, request_iterator, lambda m, r: self._all(m, r, True, _priority(context))
         ):
             yield response
 
@@ -248,33 +271,47 @@ def _pair(texts: Any) -> PairInput:
 
 
 class PredictService(_Service, pb_grpc.PredictServicer):
-    async def _predict(self, model: ModelState, inputs: PairInput, req: Any, wait: bool) -> Answer:
+    async def _predict(
+        self,
+        model: ModelState,
+        inputs: PairInput,
+        req: Any,
+        wait: bool,
+        priority: str | None = None,
+    ) -> Answer:
         result = await model.infer.predict(
             [inputs],
             truncate=req.truncate,
             direction=direction(req.truncation_direction),
             raw_scores=req.raw_scores,
             wait_for_permits=wait,
+            priority=priority,
         )
         predictions = [pb.Prediction(score=s, label=label) for label, s in result.values[0]]
         return pb.PredictResponse(predictions=predictions, metadata=metadata(result)), result
 
-    async def _predict_pair(self, model: ModelState, req: Any, wait: bool) -> Answer:
-        return await self._predict(model, _pair(req.inputs), req, wait)
+    async def _predict_pair(
+        self, model: ModelState, req: Any, wait: bool, priority: str | None = None
+    ) -> Answer:
+        return await self._predict(model, _pair(req.inputs), req, wait, priority)
 
     async def Predict(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self._unary(
-            context, lambda m: self._predict(m, request.inputs, request, wait=False)
+            context, lambda m: self._predict(m, request.inputs, request, False, _priority(context))
         )
 
     async def PredictPair(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unary(context, lambda m: self._predict_pair(m, request, wait=False))
+        return await self._unary(
+            context, lambda m: self._predict_pair(m, request, False, _priority(context))
+        )
 
     async def PredictStream(
         self, request_iterator: Any, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
         async for response in self._stream(
-            context, request_iterator, lambda m, r: self._predict(m, r.inputs, r, wait=True)
+            context,
+            request_iterator,
+            lambda m, r: self._predict(m, r.inputs, r, True, _priority(context)),
         ):
             yield response
 
@@ -282,7 +319,9 @@ class PredictService(_Service, pb_grpc.PredictServicer):
         self, request_iterator: Any, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
         async for response in self._stream(
-            context, request_iterator, lambda m, r: self._predict_pair(m, r, True)
+            context,
+            request_iterator,
+            lambda m, r: self._predict_pair(m, r, True, _priority(context)),
         ):
             yield response
 
@@ -293,7 +332,7 @@ class RerankService(_Service, pb_grpc.RerankServicer):
             return [pb.Rank(index=i, score=s) for i, s in order]
         return [pb.Rank(index=i, score=s, text=texts[i]) for i, s in order]
 
-    async def _rerank(self, model: ModelState, req: Any) -> Answer:
+    async def _rerank(self, model: ModelState, req: Any, priority: str | None = None) -> Answer:
         texts = list(req.texts)
         if not texts:
             # INVALID_ARGUMENT either way; TEI's gRPC reports this one as Validation.
@@ -306,11 +345,14 @@ class RerankService(_Service, pb_grpc.RerankServicer):
             direction=direction(req.truncation_direction),
             raw_scores=req.raw_scores,
             wait_for_permits=True,
+            priority=priority,
         )
         ranks = self._ranks(result.values, texts if req.return_text else None)
         return pb.RerankResponse(ranks=ranks, metadata=metadata(result)), result
 
-    async def _rerank_stream(self, model: ModelState, requests: AsyncIterable[Any]) -> Answer:
+    async def _rerank_stream(
+        self, model: ModelState, requests: AsyncIterable[Any], priority: str | None = None
+    ) -> Answer:
         self._require_reranker(model)
         first: list[Any] = []
         texts: list[str] = []
@@ -325,6 +367,7 @@ class RerankService(_Service, pb_grpc.RerankServicer):
                 direction=direction(m.truncation_direction),
                 raw_scores=first[0].raw_scores,
                 wait_for_permits=True,
+                priority=priority,
                 counted=False,
             )
 
@@ -351,10 +394,12 @@ class RerankService(_Service, pb_grpc.RerankServicer):
         return pb.RerankResponse(ranks=ranks, metadata=metadata(total)), total
 
     async def Rerank(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unary(context, lambda m: self._rerank(m, request))
+        return await self._unary(context, lambda m: self._rerank(m, request, _priority(context)))
 
     async def RerankStream(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unary(context, lambda m: self._rerank_stream(m, request_iterator))
+        return await self._unary(
+            context, lambda m: self._rerank_stream(m, request_iterator, _priority(context))
+        )
 
 
 def _token_embeddings(hidden: np.ndarray) -> list[Any]:

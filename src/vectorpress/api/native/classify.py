@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from vectorpress.api.headers import timing_headers
-from vectorpress.api.native.common import json_answer
+from vectorpress.api.native.common import json_answer, priority_header
 from vectorpress.api.native.schemas import (
     PredictRequest,
     RerankRequest,
@@ -23,7 +23,9 @@ from vectorpress.core.infer import Result
 router = APIRouter(tags=["Text Embeddings Inference"])
 
 
-async def run_predict(state: ModelState, body: PredictRequest) -> tuple[Any, Result[Any]]:
+async def run_predict(
+    state: ModelState, body: PredictRequest, priority: str | None = None
+) -> tuple[Any, Result[Any]]:
     inputs, is_batch = predict_batch(body.inputs)
     result = await state.infer.predict(
         inputs,
@@ -31,6 +33,7 @@ async def run_predict(state: ModelState, body: PredictRequest) -> tuple[Any, Res
         truncate=body.truncate,
         direction=to_truncation(body.truncation_direction),
         raw_scores=body.raw_scores,
+        priority=body.lane(priority),
     )
     # float32 scalars serialize with float32's shortest digits, as TEI's f32 scores do.
     payload = [
@@ -39,7 +42,9 @@ async def run_predict(state: ModelState, body: PredictRequest) -> tuple[Any, Res
     return (payload if is_batch else payload[0]), result
 
 
-async def run_rerank(state: ModelState, body: RerankRequest) -> tuple[Any, Result[Any]]:
+async def run_rerank(
+    state: ModelState, body: RerankRequest, priority: str | None = None
+) -> tuple[Any, Result[Any]]:
     result = await state.infer.rerank(
         body.query,
         body.texts,
@@ -49,6 +54,7 @@ async def run_rerank(state: ModelState, body: RerankRequest) -> tuple[Any, Resul
         weights=body.weights,
         windowed=body.windowed,
         window_overlap=body.window_overlap,
+        priority=body.lane(priority),
     )
     if body.return_text:
         payload = [
@@ -65,11 +71,15 @@ async def run_rerank(state: ModelState, body: RerankRequest) -> tuple[Any, Resul
     "(sigmoid for one label, softmax otherwise)",
 )
 async def predict(body: PredictRequest, request: Request) -> Response:
-    payload, result = await run_predict(model_for(request, body.model), body)
+    payload, result = await run_predict(
+        model_for(request, body.model), body, priority_header(request)
+    )
     return await json_answer(payload, timing_headers(result))
 
 
 # Served on /rerank through api/clash.py, which shares the path with Infinity's body.
 async def rerank(body: RerankRequest, request: Request) -> Response:
-    payload, result = await run_rerank(model_for(request, body.model), body)
+    payload, result = await run_rerank(
+        model_for(request, body.model), body, priority_header(request)
+    )
     return await json_answer(payload, timing_headers(result))

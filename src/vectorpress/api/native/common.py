@@ -71,3 +71,8 @@ def validate_instance(model: type[B], data: Any) -> B:
             loc = ".".join(str(x) for x in err.get("loc", ()))
             parts.append(f"{loc or 'instance'}: {err.get('msg', 'invalid value')}")
         raise ValidationError("Failed to parse instance: " + "; ".join(parts)) from None
+
+
+def priority_header(request: Request) -> str | None:
+    """The request's `x-priority` header (a body's `priority` field overrides it)."""
+    return request.headers.get("x-priority")

@@ -12,7 +12,13 @@ from starlette.responses import Response
 
 from vectorpress.api.headers import timing_headers
 from vectorpress.api.native.classify import run_predict, run_rerank
-from vectorpress.api.native.common import json_answer, read_json, validate, validate_instance
+from vectorpress.api.native.common import (
+    json_answer,
+    priority_header,
+    read_json,
+    validate,
+    validate_instance,
+)
 from vectorpress.api.native.embed import (
     run_embed,
     run_embed_sparse,
@@ -33,7 +39,7 @@ from vectorpress.errors import BatchSizeError
 
 router = APIRouter(tags=["Text Embeddings Inference"])
 
-Handler = Callable[[ModelState, Any], Awaitable[tuple[Any, Result[Any]]]]
+Handler = Callable[[ModelState, Any, str | None], Awaitable[tuple[Any, Result[Any]]]]
 
 
 def default_route(state: ModelState) -> tuple[type[BaseModel], Handler]:
@@ -62,7 +68,7 @@ async def _default(request: Request) -> Response:
     state = model_for(request, body_model(data))
     model, handler = default_route(state)
     body = validate(model, data)
-    payload, result = await handler(state, body)
+    payload, result = await handler(state, body, priority_header(request))
     return await json_answer(payload, timing_headers(result))
 
 
@@ -74,17 +80,17 @@ router.add_api_route("/", _default, methods=["POST"], summary=_DEFAULT_DOC)
 router.add_api_route("/invocations", _default, methods=["POST"], summary=_DEFAULT_DOC)
 
 
-async def _instance(state: ModelState, data: dict[str, Any]) -> Any:
+async def _instance(state: ModelState, data: dict[str, Any], priority: str | None) -> Any:
     # Like TEI, an instance with a query and texts is a rerank request whatever the model.
     if "query" in data and "texts" in data:
-        payload, _ = await run_rerank(state, validate_instance(RerankRequest, data))
+        payload, _ = await run_rerank(state, validate_instance(RerankRequest, data), priority)
         return payload
     model, handler = default_route(state)
     if state.infer.spec.kind != "embedding":
         model, handler = PredictRequest, run_predict
     elif model is SimilarityRequest:
         model, handler = EmbedRequest, run_embed
-    payload, _ = await handler(state, validate_instance(model, data))
+    payload, _ = await handler(state, validate_instance(model, data), priority)
     return payload
 
 
@@ -100,7 +106,8 @@ async def vertex(body: VertexRequest, request: Request) -> Response:
             f"batch size {len(body.instances)} > maximum allowed batch size {limit}"
         )
     predictions = await asyncio.gather(
-        *(_instance(state, i) for i in body.instances), return_exceptions=True
+        *(_instance(state, i, priority_header(request)) for i in body.instances),
+        return_exceptions=True,
     )
     for p in predictions:
         if isinstance(p, BaseException):

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from vectorpress.api.headers import timing_headers
-from vectorpress.api.native.common import json_answer
+from vectorpress.api.native.common import json_answer, priority_header
 from vectorpress.api.native.schemas import (
     EmbedAllRequest,
     EmbedMultiRequest,
@@ -28,7 +28,9 @@ from vectorpress.types import MultiOutput
 router = APIRouter(tags=["Text Embeddings Inference"])
 
 
-async def run_embed(state: ModelState, body: EmbedRequest) -> tuple[Any, Result[Any]]:
+async def run_embed(
+    state: ModelState, body: EmbedRequest, priority: str | None = None
+) -> tuple[Any, Result[Any]]:
     inputs, is_batch = as_batch(body.inputs)
     result = await state.infer.embed(
         inputs,
@@ -40,11 +42,14 @@ async def run_embed(state: ModelState, body: EmbedRequest) -> tuple[Any, Result[
         dimensions=body.dimensions,
         windowed=body.windowed,
         window_overlap=body.window_overlap,
+        priority=body.lane(priority),
     )
     return result.values, result
 
 
-async def run_embed_all(state: ModelState, body: EmbedAllRequest) -> tuple[Any, Result[Any]]:
+async def run_embed_all(
+    state: ModelState, body: EmbedAllRequest, priority: str | None = None
+) -> tuple[Any, Result[Any]]:
     inputs, is_batch = as_batch(body.inputs)
     result = await state.infer.embed_all(
         inputs,
@@ -52,11 +57,14 @@ async def run_embed_all(state: ModelState, body: EmbedAllRequest) -> tuple[Any, 
         truncate=body.truncate,
         direction=to_truncation(body.truncation_direction),
         prompt_name=body.prompt_name,
+        priority=body.lane(priority),
     )
     return result.values, result
 
 
-async def run_embed_sparse(state: ModelState, body: EmbedSparseRequest) -> tuple[Any, Result[Any]]:
+async def run_embed_sparse(
+    state: ModelState, body: EmbedSparseRequest, priority: str | None = None
+) -> tuple[Any, Result[Any]]:
     inputs, is_batch = as_batch(body.inputs)
     result = await state.infer.embed_sparse(
         inputs,
@@ -64,6 +72,7 @@ async def run_embed_sparse(state: ModelState, body: EmbedSparseRequest) -> tuple
         truncate=body.truncate,
         direction=to_truncation(body.truncation_direction),
         prompt_name=body.prompt_name,
+        priority=body.lane(priority),
     )
     # Values stay float32 scalars: they serialize with float32's shortest digits, as TEI's f32
     # values do (a Python float would print the widened double's 17).
@@ -113,7 +122,9 @@ async def run_embed_multi(state: ModelState, body: EmbedMultiRequest) -> tuple[A
     return [multi_payload(v, body) for v in result.values], result
 
 
-async def run_similarity(state: ModelState, body: SimilarityRequest) -> tuple[Any, Result[Any]]:
+async def run_similarity(
+    state: ModelState, body: SimilarityRequest, priority: str | None = None
+) -> tuple[Any, Result[Any]]:
     params = body.parameters
     result = await state.infer.similarity(
         body.inputs.source_sentence,
@@ -121,25 +132,32 @@ async def run_similarity(state: ModelState, body: SimilarityRequest) -> tuple[An
         truncate=params.truncate if params else None,
         direction=to_truncation(params.truncation_direction if params else "Right"),
         prompt_name=params.prompt_name if params else None,
+        priority=body.lane(priority),
     )
     return [np.float32(v) for v in result.values], result
 
 
 @router.post("/embed", summary="Pooled embeddings, one vector per input (normalized by default)")
 async def embed(body: EmbedRequest, request: Request) -> Response:
-    payload, result = await run_embed(model_for(request, body.model), body)
+    payload, result = await run_embed(
+        model_for(request, body.model), body, priority_header(request)
+    )
     return await json_answer(payload, timing_headers(result))
 
 
 @router.post("/embed_all", summary="The last hidden state of every token of every input")
 async def embed_all(body: EmbedAllRequest, request: Request) -> Response:
-    payload, result = await run_embed_all(model_for(request, body.model), body)
+    payload, result = await run_embed_all(
+        model_for(request, body.model), body, priority_header(request)
+    )
     return await json_answer(payload, timing_headers(result))
 
 
 @router.post("/embed_sparse", summary="SPLADE sparse embeddings: the non-zero (index, value)s")
 async def embed_sparse(body: EmbedSparseRequest, request: Request) -> Response:
-    payload, result = await run_embed_sparse(model_for(request, body.model), body)
+    payload, result = await run_embed_sparse(
+        model_for(request, body.model), body, priority_header(request)
+    )
     return await json_answer(payload, timing_headers(result))
 
 
@@ -155,5 +173,7 @@ async def embed_multi(body: EmbedMultiRequest, request: Request) -> Response:
 
 @router.post("/similarity", summary="Cosine similarity of each sentence with a source sentence")
 async def similarity(body: SimilarityRequest, request: Request) -> Response:
-    payload, result = await run_similarity(model_for(request, body.model), body)
+    payload, result = await run_similarity(
+        model_for(request, body.model), body, priority_header(request)
+    )
     return await json_answer(payload, timing_headers(result))

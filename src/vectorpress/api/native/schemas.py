@@ -66,12 +66,25 @@ class _Body(BaseModel):
     """Which served model answers (its name or an alias); the default model when absent."""
 
 
+#: Which lane a request's inputs wait in; absent, its size decides (see LanePolicy).
+Priority = Literal["interactive", "bulk"]
+
+
+class Prioritized(_Body):
+    """A body that may name its lane; `priority` overrides the `x-priority` header."""
+
+    priority: Priority | None = None
+
+    def lane(self, header: str | None) -> str | None:
+        return self.priority or header
+
+
 def _example(example: dict[str, Any]) -> ConfigDict:
     """Unknown fields ignored, and an example request for /docs."""
     return ConfigDict(extra="ignore", json_schema_extra={"examples": [example]})
 
 
-class EmbedRequest(_Body):
+class EmbedRequest(Prioritized):
     model_config = _example(
         {"inputs": ["What is Deep Learning?", "Deep learning is a part of machine learning."]}
     )
@@ -89,7 +102,7 @@ class EmbedRequest(_Body):
     """Tokens consecutive windows share (the server's --window-overlap when omitted)."""
 
 
-class EmbedAllRequest(_Body):
+class EmbedAllRequest(Prioritized):
     model_config = _example({"inputs": "What is Deep Learning?"})
 
     inputs: Input
@@ -134,7 +147,7 @@ class SimilarityParameters(_Body):
     prompt_name: StrictStr | None = None
 
 
-class SimilarityRequest(_Body):
+class SimilarityRequest(Prioritized):
     model_config = _example(
         {
             "inputs": {
@@ -151,7 +164,7 @@ class SimilarityRequest(_Body):
     parameters: SimilarityParameters | None = None
 
 
-class PredictRequest(_Body):
+class PredictRequest(Prioritized):
     model_config = _example({"inputs": [["I like you."], ["Is it raining?", "It is sunny."]]})
 
     inputs: PredictInput
@@ -160,7 +173,7 @@ class PredictRequest(_Body):
     raw_scores: StrictBool = False
 
 
-class RerankRequest(_Body):
+class RerankRequest(Prioritized):
     model_config = _example(
         {
             "query": "What is Deep Learning?",

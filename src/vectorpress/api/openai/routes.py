@@ -15,7 +15,7 @@ from starlette.responses import Response
 from vectorpress.api import adapters, encodings
 from vectorpress.api.headers import timing_headers
 from vectorpress.api.jina.extras import task_prompt
-from vectorpress.api.native.common import json_answer
+from vectorpress.api.native.common import json_answer, priority_header
 from vectorpress.api.native.schemas import as_batch
 from vectorpress.api.openai.schemas import EmbeddingsRequest
 from vectorpress.api.routing import model_for
@@ -69,7 +69,9 @@ async def _truncated_inputs(
     return [next(cut) if isinstance(i, str) else i[:limit] for i in inputs]
 
 
-async def run_embeddings(state: ModelState, body: EmbeddingsRequest) -> tuple[Any, Result[Any]]:
+async def run_embeddings(
+    state: ModelState, body: EmbeddingsRequest, priority: str | None = None
+) -> tuple[Any, Result[Any]]:
     name = state.name
     if body.model is not None and body.model not in state.names:
         log.warning("request asks for model %r; serving %r", body.model, name)
@@ -90,6 +92,7 @@ async def run_embeddings(state: ModelState, body: EmbeddingsRequest) -> tuple[An
         normalize=normalize,
         dimensions=body.dimensions,
         batch=is_batch,
+        priority=body.lane(priority),
     )
     embeddings: Any
     if dtype == "float32":
@@ -118,7 +121,9 @@ async def run_embeddings(state: ModelState, body: EmbeddingsRequest) -> tuple[An
 
 
 async def embeddings(body: EmbeddingsRequest, request: Request) -> Response:
-    payload, result = await run_embeddings(model_for(request, body.model), body)
+    payload, result = await run_embeddings(
+        model_for(request, body.model), body, priority_header(request)
+    )
     return await json_answer(payload, timing_headers(result))
 
 

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from vectorpress.api.encodings import Dtype
-from vectorpress.api.native.schemas import Input
+from vectorpress.api.native.schemas import Input, Prioritized
 
 EncodingFormat = Literal["float", "base64", "int8", "uint8", "binary", "ubinary"]
 JinaEmbeddingType = Literal["float", "base64", "int8", "uint8", "binary", "ubinary"]
 
 
-class EmbeddingsRequest(BaseModel):
+class EmbeddingsRequest(Prioritized):
     model_config = ConfigDict(
         extra="ignore",
         json_schema_extra={"examples": [{"input": "What is Deep Learning?", "model": "my-model"}]},

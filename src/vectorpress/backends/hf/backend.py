@@ -24,6 +24,7 @@ from vectorpress.backends.common.dense import load_dense
 from vectorpress.backends.common.device import pick_device
 from vectorpress.backends.common.pooling import pool, splade_from_logits
 from vectorpress.backends.common.sequences import PackedSequences
+from vectorpress.backends.preemption import add_layer_points
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec
 from vectorpress.types import Batch, BatchOutput
@@ -92,6 +93,8 @@ class HFBackend:
         except (OSError, ValueError, KeyError) as exc:
             raise StartupError(f"transformers cannot load {spec.path}: {exc}") from exc
         self.model = model.eval().to(device)
+        # Between layers, a waiting query may run (see backends/preemption.py).
+        add_layer_points(self.model)
         params = inspect.signature(self.model.forward).parameters
         self._token_types = "token_type_ids" in params
         self.dense = [

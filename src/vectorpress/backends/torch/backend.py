@@ -22,6 +22,7 @@ from vectorpress.backends.common.pooling import (
     splade_vectors,
 )
 from vectorpress.backends.common.sequences import PackedSequences
+from vectorpress.backends.preemption import add_layer_points
 from vectorpress.backends.torch.attention import varlen_usable
 from vectorpress.backends.torch.blocks import FusedModel
 from vectorpress.backends.torch.heads import ClassificationHead, MLMHead
@@ -198,6 +199,8 @@ class TorchBackend:
         if isinstance(model.head, MLMHead) and device == "cpu":
             model.head.fuse()
         self.model = model
+        # Between layers, a waiting query may run (see backends/preemption.py).
+        add_layer_points(model.encoder)
         self.varlen, why = varlen_usable(device, torch_dtype)
         log.info("attention: %s (%s)", "varlen_attn" if self.varlen else "sdpa", why)
         self.dense = [

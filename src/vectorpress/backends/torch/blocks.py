@@ -17,6 +17,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 
+from vectorpress.backends import preemption
 from vectorpress.backends.common.activations import Activation, activation
 from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.backends.torch.attention import packed_attention
@@ -110,6 +111,8 @@ class FusedPostNormLayer:
         q, k, v = qkv.unbind(1)
         ctx = packed_attention(q, k, v, seqs, bias=bias).reshape(total, hidden)
         x = attn_norm(self.attn_out(ctx).add_(x))
+        # The feed-forward half is about 60% of a layer's work: a second place to switch.
+        preemption.point()
         out: torch.Tensor = ffn_norm(self.ffn_out(self.ffn_in(x)).add_(x))
         return out
 

@@ -30,6 +30,7 @@ PROTECTED = [
     ("POST", "/embed", {"inputs": "x"}),
     ("POST", "/embed_all", {"inputs": "x"}),
     ("POST", "/embed_sparse", {"inputs": "x"}),
+    ("POST", "/embed_multi", {"inputs": "x"}),
     ("POST", "/predict", {"inputs": "x"}),
     ("POST", "/rerank", {"query": "q", "texts": ["x"]}),
     ("POST", "/similarity", {"inputs": {"source_sentence": "a", "sentences": ["b"]}}),

@@ -30,7 +30,10 @@ CJK = "".join(chr(0x4E00 + (i * 7919) % 20000) for i in range(30_000))
 
 @pytest.fixture(scope="module")
 def served(minilm: Path) -> Iterator[tuple[LiveServer, Stubs]]:
-    with LiveServer(Settings.single(str(minilm)), grpc=True) as srv:
+    # Room for 24 of the large inputs in one body (4.3 MB): their answer then takes long enough
+    # to build that a small request sent once tokenization ends has time to overtake it.
+    settings = Settings.single(str(minilm), payload_limit=8_000_000)
+    with LiveServer(settings, grpc=True) as srv:
         stubs = Stubs.connect(srv.grpc_target)
         try:
             yield srv, stubs
@@ -89,6 +92,20 @@ def _order(
     return order
 
 
+def _small_first(
+    srv: LiveServer, send_large: Callable[[Callable[[], None]], None], built: Callable[[], bool]
+) -> None:
+    """The small request is answered first in one of three tries: a busy machine can delay one
+    small request past the end of the build now and then; a builder that holds the event loop
+    loses every try."""
+    orders = []
+    for _ in range(3):
+        orders.append(_order(srv, send_large, built()))
+        if orders[-1] == ["small", "large"]:
+            return
+    raise AssertionError(f"the large answer was built first in every try: {orders}")
+
+
 def _http_large(srv: LiveServer, path: str, body: object) -> Callable[[Callable[[], None]], None]:
     def send(answered: Callable[[], None]) -> None:
         with httpx.stream("POST", f"{srv.url}{path}", json=body, timeout=300) as response:
@@ -101,8 +118,8 @@ def _http_large(srv: LiveServer, path: str, body: object) -> Callable[[Callable[
 
 def test_http_tokenize(served: tuple[LiveServer, Stubs]) -> None:
     srv, _ = served
-    large = _http_large(srv, "/tokenize", {"inputs": [CJK] * 8})
-    assert _order(srv, large, _tokenized()) == ["small", "large"]
+    large = _http_large(srv, "/tokenize", {"inputs": [CJK] * 24})
+    _small_first(srv, large, _tokenized)
 
 
 def test_grpc_tokenize(served: tuple[LiveServer, Stubs]) -> None:
@@ -115,7 +132,7 @@ def test_grpc_tokenize(served: tuple[LiveServer, Stubs]) -> None:
         answered()
         assert len(response.tokens) == 60_002
 
-    assert _order(srv, send, _tokenized()) == ["small", "large"]
+    _small_first(srv, send, _tokenized)
 
 
 def _computed(srv: LiveServer, method: str) -> Callable[[], bool]:
@@ -128,7 +145,7 @@ def test_http_embed_all(served: tuple[LiveServer, Stubs]) -> None:
     srv, _ = served
     body = {"inputs": [" ".join(["word"] * 250)] * 16, "truncate": True}
     large = _http_large(srv, "/embed_all", body)
-    assert _order(srv, large, _computed(srv, "batch")) == ["small", "large"]
+    _small_first(srv, large, lambda: _computed(srv, "batch"))
 
 
 def test_results_are_complete(served: tuple[LiveServer, Stubs]) -> None:

@@ -177,6 +177,20 @@ def run_local(job: JobSpec, engine: Engine, progress: str = "auto") -> Summary:
             bar.shard(record)
     finally:
         bar.close()
+    return finish(output, head, refs, records, written, len(finished), started)
+
+
+def finish(
+    output: Output,
+    head: dict[str, Any],
+    refs: list[ShardRef],
+    records: dict[str, ShardRecord],
+    written: list[ShardRecord],
+    skipped: int,
+    started: float,
+) -> Summary:
+    """The last manifest (complete once every planned shard has a record) and the summary; the
+    local and the Ray job end alike."""
     complete = all(r.name in records for r in refs)
     output.write_manifest(head, list(records.values()), complete=complete)
     return Summary(
@@ -184,6 +198,6 @@ def run_local(job: JobSpec, engine: Engine, progress: str = "auto") -> Summary:
         rejects=sum(r.rejects for r in written),
         tokens=sum(r.tokens for r in written),
         shards=len(written),
-        skipped=len(finished),
+        skipped=skipped,
         seconds=time.perf_counter() - started,
     )

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from vectorpress.errors import JobError
-from vectorpress.jobs.local import Progress, Summary, header, plan, read_shard
+from vectorpress.jobs.local import Progress, Summary, finish, header, plan, read_shard
 from vectorpress.jobs.manifest import Output, ShardRecord
 from vectorpress.jobs.shard import ShardRef, process_shard
 from vectorpress.jobs.spec import JobSpec, resolve_task
@@ -143,13 +143,4 @@ def run_ray(
                 bar.shard(record)
         finally:
             bar.close()
-    complete = all(r.name in records for r in refs)
-    output.write_manifest(head, list(records.values()), complete=complete)
-    return Summary(
-        rows=sum(r.rows for r in written),
-        rejects=sum(r.rejects for r in written),
-        tokens=sum(r.tokens for r in written),
-        shards=len(written),
-        skipped=len(finished),
-        seconds=time.perf_counter() - started,
-    )
+    return finish(output, head, refs, records, written, len(finished), started)

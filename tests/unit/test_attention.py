@@ -114,3 +114,35 @@ def test_long_local_attention_in_blocks_matches_reference(
     monkeypatch.setattr(attention, "_banded", spy)
     _check_against_reference(lengths, kv_heads, causal, window)
     assert sorted(blocked) == sorted({n for n in lengths if n >= start})
+
+
+def test_sequences_sorted_longest_first_attend_as_one_view_per_length() -> None:
+    """A batch put longest first: equal lengths side by side, each length one group read as a
+    view (no gather), the attention still that of each sequence on its own."""
+    torch.manual_seed(0)
+    lengths = [5, 3, 8, 5, 1, 3, 5]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    arrival = PackedSequences(cu, 8, key_lengths=[5, 2, 8, 5, 1, 3, 4])
+    sorted_ = arrival.longest_first()
+    assert sorted_ is not None
+    tokens, seqs = sorted_
+    assert seqs.lengths == [8, 5, 5, 5, 3, 3, 1]
+    # Equal lengths keep their order: the 5s are sequences 0, 3 and 6, the 3s 1 and 5.
+    starts = [0, 5, 8, 16, 21, 22, 25]
+    order = [2, 0, 3, 6, 1, 5, 4]
+    want = torch.cat([torch.arange(starts[i], starts[i] + lengths[i]) for i in order])
+    assert torch.equal(tokens, want)
+    assert seqs.key_lengths == [8, 5, 5, 4, 2, 3, 1]
+    assert [(g.length, g.count, g.index) for g in seqs.groups] == [
+        (8, 1, None),
+        (5, 3, None),
+        (3, 2, None),
+        (1, 1, None),
+    ]
+    assert seqs.longest_first() is None
+    sorted_ = PackedSequences(cu, 8).longest_first()
+    assert sorted_ is not None
+    tokens, seqs = sorted_
+    q, k, v = (torch.randn(sum(lengths), 4, 8)[tokens] for _ in range(3))
+    fast = packed_attention(q, k, v, seqs)
+    torch.testing.assert_close(fast, reference_attention(q, k, v, seqs), atol=1e-5, rtol=1e-5)

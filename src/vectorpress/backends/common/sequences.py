@@ -19,9 +19,10 @@ class LengthGroup:
     length: int
     count: int
     index: torch.Tensor | None
-    """Token positions of the group's sequences, concatenated; None for a single sequence."""
+    """Token positions of the group's sequences, concatenated; None when they lie side by side
+    (a single sequence, or a run of them in a batch sorted by length)."""
     start: int
-    """Start of the sequence when the group holds one."""
+    """Start of the group's first sequence when they lie side by side."""
     filler: bool = False
     """Padding rows (`PackedSequences.with_filler`): no attention, zeros."""
     keys: torch.Tensor | None = None
@@ -62,8 +63,12 @@ class PackedSequences:
             if key_lengths is not None and any(key_lengths[i] < length for i in members):
                 limits = torch.tensor([key_lengths[i] for i in members], device=device)
                 keys = (torch.arange(length, device=device) < limits.unsqueeze(1))[:, None, None]
-            if len(members) == 1:
-                groups.append(LengthGroup(length, 1, None, self.starts[members[0]], keys=keys))
+            first = members[0]
+            if members[-1] - first == len(members) - 1:
+                # Side by side: attention reads them as one view, no gather.
+                groups.append(
+                    LengthGroup(length, len(members), None, self.starts[first], keys=keys)
+                )
             else:
                 base = torch.tensor([self.starts[i] for i in members], device=device).unsqueeze(1)
                 index = (base + torch.arange(length, device=device)).reshape(-1)
@@ -90,6 +95,30 @@ class PackedSequences:
         out.total = rows
         out.groups = [*self.groups, LengthGroup(pad, 1, None, self.total, filler=True)]
         return out
+
+    def longest_first(self) -> tuple[torch.Tensor, PackedSequences] | None:
+        """The token order that puts these sequences longest first (equal lengths in their
+        order), and the bounds in that order; None when they already are.
+
+        Sequences of one length then lie side by side, so that attention takes each length as
+        one view instead of gathering its rows in every layer, and a batch cut into passes
+        puts similar lengths together (fewer, larger attention calls).
+        """
+        lengths = self.lengths
+        order = sorted(range(self.size), key=lambda i: -lengths[i])
+        if all(a == i for i, a in enumerate(order)):
+            return None
+        sorted_lengths = [lengths[i] for i in order]
+        new_starts = list(itertools.accumulate(sorted_lengths, initial=0))
+        shift = [self.starts[i] - new_starts[j] for j, i in enumerate(order)]
+        device = self.cu_seqlens.device
+        counts = torch.tensor(sorted_lengths, device=device)
+        tokens = torch.arange(self.total, device=device) + torch.repeat_interleave(
+            torch.tensor(shift, device=device), counts
+        )
+        keys = None if self.key_lengths is None else [self.key_lengths[i] for i in order]
+        bounds = torch.tensor(new_starts, dtype=self.cu_seqlens.dtype, device=device)
+        return tokens, PackedSequences(bounds, self.max_seqlen, self.varlen, keys)
 
     def segment_ids(self) -> torch.Tensor:
         """(total_tokens,) index of the sequence each token belongs to."""

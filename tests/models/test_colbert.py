@@ -174,6 +174,8 @@ def test_what_a_colbert_model_refuses(colbert: tuple[LiveServer, dict[str, Any]]
     r = post(srv, "/embed_multi", {"inputs": long_query, "is_query": True, "truncate": False})
     assert r.status_code == 422, r.text
     assert "tokens" in r.json()["error"]
+    r = post(srv, "/rerank", {"query": long_query, "texts": ["a"], "truncate": False})
+    assert r.status_code == 422 and "tokens" in r.json()["error"], r.text
     assert post(srv, "/embed", {"inputs": "a"}).status_code == 424
     assert post(srv, "/embed_multi", {"inputs": "a", "dense": True}).status_code == 424
     r = post(srv, "/rerank", {"query": "q", "texts": ["a"], "weights": [1, 1, 1]})

@@ -16,6 +16,7 @@ from tests.helpers.server import LiveServer
 from tests.models.test_bert_family import ARCHS as BERT_FAMILY
 from tests.models.test_zoo import NATIVE
 from vectorpress.backends.torch.registry import REGISTRY, lookup
+from vectorpress.errors import StartupError
 from vectorpress.settings import Settings
 
 
@@ -149,6 +150,9 @@ def test_every_model_kind_is_detected_and_tested(
     folder = build(tmp_path_factory, name)
     spec = load_model_spec(folder, ModelSettings(str(folder), **row.settings))
     assert (spec.kind, spec.outputs, spec.family) == (row.kind, row.outputs, row.family), name
+    if name in ("colbert", "llm-reranker"):  # nothing they serve is windowed
+        with pytest.raises(StartupError, match="--windowed-inputs does not apply"):
+            load_model_spec(folder, ModelSettings(str(folder), windowed_inputs=True))
 
 
 @pytest.mark.parametrize("name", sorted(MODEL_KINDS))

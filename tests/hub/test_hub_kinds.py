@@ -24,6 +24,7 @@ from tests.helpers.fake_hub import FakeHub
 from tests.helpers.process import ServerProcess, clean_env
 from tests.helpers.reference import assert_close_vectors
 from tests.helpers.server import LiveServer
+from tests.models.test_registry import MODEL_KINDS
 from vectorpress.settings import Settings
 
 QUERY = "what is late interaction?"
@@ -180,6 +181,10 @@ KINDS = {
         settings=(("dense_path", "2_Dense_6"),),
     ),
 }
+
+
+def test_every_model_kind_has_a_download_case() -> None:
+    assert set(MODEL_KINDS) <= set(KINDS), sorted(set(MODEL_KINDS) - set(KINDS))
 
 
 @pytest.fixture(scope="module", params=sorted(KINDS))

@@ -37,7 +37,9 @@ def test_native_encoders_import_and_build() -> None:
 
 
 #: Model kinds beyond the registry's architectures: each with its example checkpoint, what
-#: the spec must detect, and the test that checks it against its reference library.
+#: the spec must detect, and the test that checks it against its reference library. A kind
+#: named here must also be in the ONNX and bfloat16 sweeps (test_kind_sweeps.py) and in the
+#: Hub download cases (tests/hub/test_hub_kinds.py): both check it.
 MODEL_KINDS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
     # kind: (builder in tests/helpers/checkpoints.py, ModelSpec.kind, outputs, parity test)
     "bge-m3": ("make_m3", "embedding", ("dense", "sparse", "colbert"), "test_m3.py"),

@@ -11,6 +11,8 @@ its encoder's local window alike: each refuses at start-up with one line.
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,14 +168,9 @@ def _rerank_windows_reference(folder: Path) -> list[float]:
 
 CASES = {
     "bge-m3": Case("bge-m3", lambda d, _: make_m3(d / "m3"), _m3_reference, check_m3),
-    "colbert-bert": Case(
-        "colbert",
-        lambda d, _: make_colbert(d / "bert", "bert", query_length=12, document_length=24),
-        _colbert_reference,
-        check_colbert,
-    ),
-    # Every expansion token within half of ModernBERT's 16-token local window of a real one
-    # (test_colbert.py has the query that reaches past it, on the native backend).
+    # ModernBERT: global and local attention layers, both with the held-out expansion in their
+    # masks; every expansion token within half of the 16-token local window of a real one
+    # (test_colbert.py has queries that reach past it, on the native backend).
     "colbert-modernbert": Case(
         "colbert",
         lambda d, _: make_colbert(
@@ -249,7 +246,7 @@ def test_the_kind_matches_its_reference(
         CASES[name].check(srv.url, mode, want)
 
 
-@pytest.mark.parametrize("name", ["bge-m3", "colbert-bert", "llm-reranker-qwen3"])
+@pytest.mark.parametrize("name", ["bge-m3", "colbert-modernbert", "llm-reranker-qwen3"])
 def test_the_transformers_fallback_refuses_the_kind_in_one_line(
     built: Callable[[str], tuple[Path, Any]], name: str
 ) -> None:
@@ -261,8 +258,14 @@ def test_the_transformers_fallback_refuses_the_kind_in_one_line(
     assert "or onnx, not hf" in line, line
 
 
-def test_onnx_refuses_a_query_expanded_past_the_local_window(tmp_path: Path) -> None:
-    folder = make_colbert(tmp_path / "modernbert", "modernbert", query_length=20)
+def test_onnx_refuses_a_query_expanded_past_the_local_window(
+    built: Callable[[str], tuple[Path, Any]], tmp_path: Path
+) -> None:
+    folder = tmp_path / "modernbert"
+    shutil.copytree(built("colbert-modernbert")[0], folder)
+    settings = json.loads((folder / "config_sentence_transformers.json").read_text())
+    settings["query_length"] = 20  # past half the local window (8) of a 3-token query
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(settings))
     run = run_to_exit(["--model-id", str(folder), "--backend", "onnx"], env=clean_env())
     assert run.returncode == 1, run.stdout + run.stderr
     assert "Traceback" not in run.stderr, run.stderr

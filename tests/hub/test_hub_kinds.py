@@ -184,7 +184,9 @@ KINDS = {
 
 
 def test_every_model_kind_has_a_download_case() -> None:
-    assert set(MODEL_KINDS) <= set(KINDS), sorted(set(MODEL_KINDS) - set(KINDS))
+    # A kind that a setting makes of a plain checkpoint (windowed inputs) reads no file of its own.
+    kinds = {name for name, kind in MODEL_KINDS.items() if not kind.settings}
+    assert kinds <= set(KINDS), sorted(kinds - set(KINDS))
 
 
 @pytest.fixture(scope="module", params=sorted(KINDS))

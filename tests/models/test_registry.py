@@ -46,7 +46,10 @@ def test_native_encoders_import_and_build() -> None:
 class Kind:
     """A model kind beyond the registry's architectures: its example checkpoint, what the spec
     must detect, the test that checks it against its reference library, how /info and
-    /v1/models show it, and the status of every route on it (424: the model cannot serve it)."""
+    /v1/models show it, and the status of every route on it (424: the model cannot serve it).
+    A kind named in MODEL_KINDS must also be in the ONNX and bfloat16 sweeps
+    (test_kind_sweeps.py) and in the Hub download cases (tests/hub/test_hub_kinds.py): both
+    check it."""
 
     builder: str
     """A function of tests/helpers/checkpoints.py."""

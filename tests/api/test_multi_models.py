@@ -135,6 +135,50 @@ def test_every_route_by_body_and_by_path_equals_a_single_model_server(
         assert ok(post(server, route, body)) == alone
 
 
+#: The other dialects' routes (Cohere, Jina, vLLM), as (model, route, body).
+DIALECT_ROUTES: list[tuple[str, str, dict[str, Any]]] = [
+    ("minilm", "/v2/embed", {"texts": TEXTS, "input_type": "search_document",
+                             "embedding_types": ["float", "int8"]}),
+    ("minilm", "/v1/embed", {"texts": TEXTS}),
+    ("reranker", "/v1/rerank", {"query": QUERY, "documents": TEXTS}),
+    ("reranker", "/v2/rerank", {"query": QUERY, "documents": TEXTS, "top_n": 2}),
+    ("reranker", "/score", {"text_1": QUERY, "text_2": TEXTS}),
+]  # fmt: skip
+
+
+def _stable(answer: Any) -> Any:
+    """An answer without the fields that differ on every call (ids, timestamps) or by the
+    served name (`model`: the single-model server's is its folder)."""
+    if isinstance(answer, dict):
+        return {k: _stable(v) for k, v in answer.items() if k not in ("id", "created", "model")}
+    if isinstance(answer, list):
+        return [_stable(v) for v in answer]
+    return answer
+
+
+@pytest.mark.parametrize(("name", "route", "body"), DIALECT_ROUTES, ids=lambda v: str(v)[:24])
+def test_the_dialect_routes_by_body_path_and_header(
+    server: LiveServer,
+    singles: dict[str, LiveServer],
+    name: str,
+    route: str,
+    body: dict[str, Any],
+) -> None:
+    alone = _stable(ok(post(singles[name], route, body)))
+    for answer in (
+        post(server, route, {**body, "model": name}),
+        post(server, f"/models/{name}{route}", body),
+        post(server, route, body, headers={"x-model": name}),
+    ):
+        got = ok(answer)
+        assert _stable(got) == alone, (name, route)
+        assert got.get("model", name) == name
+    other = "minilm" if name == "reranker" else "reranker"
+    # vLLM's /score takes an embedder too (its cosines); the others need their own kind.
+    wrong_kind = post(server, route, body, headers={"x-model": other})
+    assert wrong_kind.status_code == (200 if route == "/score" else 424), wrong_kind.text
+
+
 def test_the_openai_sdk_names_the_model(server: LiveServer, singles: dict[str, LiveServer]) -> None:
     oai = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
     alone = ok(post(singles["minilm"], "/embed", {"inputs": TEXTS}))

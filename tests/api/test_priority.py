@@ -110,6 +110,16 @@ def test_each_way_in_puts_its_inputs_in_the_lane_it_names(
                     timeout=120,
                 ),
             )
+            # vLLM's integer priority: lower runs earlier, 0 leaves it to the request's size.
+            await send(
+                (7, 9), oa.embeddings.create(input=[q] * 3, model="m", extra_body={"priority": -1})
+            )
+            await send(
+                (7, 10), oa.embeddings.create(input=q, model="m", extra_body={"priority": 1})
+            )
+            await send(
+                (8, 10), oa.embeddings.create(input=q, model="m", extra_body={"priority": 0})
+            )
             backend.gate.set()  # type: ignore[union-attr]
             return list(await asyncio.gather(*calls))
 
@@ -124,8 +134,9 @@ def test_a_bad_priority_is_a_validation_error(
 ) -> None:
     srv, backend, stubs = held
     backend.gate.set()  # type: ignore[union-attr]
-    r = httpx.post(f"{srv.url}/embed", json={"inputs": "q", "priority": "urgent"}, timeout=60)
-    assert r.status_code == 422
+    for bad in ("urgent", True, 1.5):
+        r = httpx.post(f"{srv.url}/embed", json={"inputs": "q", "priority": bad}, timeout=60)
+        assert r.status_code == 422, bad
     r = httpx.post(
         f"{srv.url}/embed", json={"inputs": "q"}, headers={"x-priority": "urgent"}, timeout=60
     )

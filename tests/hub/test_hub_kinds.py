@@ -1,7 +1,7 @@
 """bge-m3, ColBERT (PyLate's layout), an LLM reranker and a `--dense-path` pick downloaded from a
 local server speaking the Hub's protocol: each repository also holds files serving has no use
 for, the download takes exactly the files the kind reads, and the server answers as the same
-folder served locally.
+folder served locally, and again offline from the cache.
 """
 
 from __future__ import annotations
@@ -237,8 +237,14 @@ def test_the_download_takes_what_the_kind_reads_and_serves_it(
             args += [f"--{name.replace('_', '-')}", value]
         with ServerProcess(args, env=env, logs=tmp_path) as srv:
             got = kind.answers(srv.url)
+        fetched = hub.downloads()
+        # Offline, the cached files serve as they are, without a request.
+        hub.seen.clear()
+        with ServerProcess(args, env={**env, "HF_HUB_OFFLINE": "1"}, logs=tmp_path) as srv:
+            offline = kind.answers(srv.url)
+        assert hub.seen == []
     _close(got, want)
-    fetched = hub.downloads()
+    _close(offline, want)
     assert len(fetched) == len(set(fetched)), f"a file fetched twice: {sorted(fetched)}"
     assert set(fetched) == kind.fetched, (
         f"fetched {sorted(set(fetched) - kind.fetched)} more and "

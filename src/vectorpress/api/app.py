@@ -89,7 +89,8 @@ def create_app(state: AppState) -> FastAPI:
         CORSMiddleware,
         allow_origins=["*"] if "*" in origins else origins,
         allow_methods=["GET", "POST"],
-        allow_headers=["content-type", "authorization"],
+        # x-model and x-priority: a browser may name the model and the lane as any client.
+        allow_headers=["content-type", "authorization", "x-model", "x-priority"],
     )
     if state.tracer is not None:
         from vectorpress.observability.middleware import TracingMiddleware

@@ -16,6 +16,7 @@ from vectorpress.api import adapters
 from vectorpress.api.cohere.schemas import EmbedBody, RerankBody
 from vectorpress.api.headers import timing_headers
 from vectorpress.api.native.common import json_response, priority_header
+from vectorpress.api.native.schemas import lane_name
 from vectorpress.api.routing import infer_for
 from vectorpress.errors import EmptyError, ValidationError
 
@@ -46,7 +47,7 @@ async def rerank(body: RerankBody, request: Request, version: str) -> Response:
         top_n=body.top_n,
         raw_scores=body.use_activation is False,
         max_windows=body.max_chunks_per_doc,
-        priority=body.priority or priority_header(request),
+        priority=lane_name(body.priority, priority_header(request)),
     )
     results = []
     for i, score in ranked:

@@ -12,6 +12,7 @@ from vectorpress.api import adapters
 from vectorpress.api.headers import timing_headers
 from vectorpress.api.infinity.schemas import InfinityClassifyRequest, InfinityRerankRequest
 from vectorpress.api.native.common import json_response, priority_header
+from vectorpress.api.native.schemas import lane_name
 from vectorpress.api.routing import infer_for
 from vectorpress.core.infer import Result
 
@@ -34,7 +35,7 @@ async def rerank(body: InfinityRerankRequest, request: Request) -> Response:
         body.documents,
         top_n=body.top_n,
         raw_scores=body.raw_scores,
-        priority=body.priority or priority_header(request),
+        priority=lane_name(body.priority, priority_header(request)),
     )
     results = [
         {

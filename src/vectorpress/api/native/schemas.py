@@ -67,8 +67,17 @@ class _Body(BaseModel):
     """Which served model answers (its name or an alias); the default model when absent."""
 
 
-#: Which lane a request's inputs wait in; absent, its size decides (see LanePolicy).
-Priority = Literal["interactive", "bulk"]
+#: Which lane a request's inputs wait in; absent, its size decides (see LanePolicy). vLLM's
+#: clients send an integer (lower runs earlier, 0 by default), so one is taken too: below 0 is
+#: interactive, above 0 bulk, and 0 leaves the choice to the request's size or header.
+Priority = Literal["interactive", "bulk"] | StrictInt
+
+
+def lane_name(priority: Priority | None, header: str | None) -> str | None:
+    """The lane a body's `priority` names, else the `x-priority` header's."""
+    if isinstance(priority, int):
+        return "interactive" if priority < 0 else "bulk" if priority > 0 else header
+    return priority or header
 
 
 class Prioritized(_Body):
@@ -77,7 +86,7 @@ class Prioritized(_Body):
     priority: Priority | None = None
 
     def lane(self, header: str | None) -> str | None:
-        return self.priority or header
+        return lane_name(self.priority, header)
 
 
 def _example(example: dict[str, Any]) -> ConfigDict:

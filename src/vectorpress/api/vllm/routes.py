@@ -12,6 +12,7 @@ from starlette.responses import Response
 from vectorpress.api import adapters
 from vectorpress.api.headers import timing_headers
 from vectorpress.api.native.common import json_response, priority_header
+from vectorpress.api.native.schemas import lane_name
 from vectorpress.api.routing import infer_for
 from vectorpress.api.vllm.schemas import DetokenizeRequest, ScoreRequest, VllmClassifyRequest
 from vectorpress.core import postprocess
@@ -112,7 +113,7 @@ async def score(body: ScoreRequest, request: Request) -> Response:
     infer = infer_for(request, body.model)
     lefts, rights = pairs(body)
     scores, result = await _scores(
-        infer, body, lefts, rights, body.priority or priority_header(request)
+        infer, body, lefts, rights, lane_name(body.priority, priority_header(request))
     )
     payload = {
         "id": adapters.new_id("score-"),

@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
+from vectorpress.api.encodings import Dtype
 from vectorpress.core.tokenization import PairInput
 from vectorpress.errors import ValidationError
 from vectorpress.types import Truncation
@@ -115,7 +116,7 @@ class EmbedSparseRequest(EmbedAllRequest):
     pass
 
 
-class EmbedMultiRequest(_Body):
+class EmbedMultiRequest(Prioritized):
     model_config = _example(
         {"inputs": ["What is BGE M3?"], "dense": True, "sparse": True, "colbert": True}
     )
@@ -127,13 +128,20 @@ class EmbedMultiRequest(_Body):
     normalize: StrictBool = True
     """Normalize the dense vector (per-token vectors always are, as the models train them)."""
     encoding_format: Literal["float", "base64"] = "float"
-    """base64: each text's per-token vectors as one little-endian array, row after row."""
-    dtype: Literal["float32", "float16"] = "float32"
+    """base64: each output as one object `{base64, shape, dtype}`, the base64 of its
+    little-endian array in `dtype` (a text's per-token vectors row after row)."""
+    dtype: Dtype = "float32"
+    """The value type (api/encodings.py, as the dialects' `embed_dtype`): float32, float16,
+    bfloat16, binary or ubinary (packed sign bits: `shape` counts bytes); int8 and uint8 for a
+    bge-m3 dense vector only (their ranges are calibrated on pooled vectors)."""
     is_query: StrictBool = True
     """ColBERT: encode as queries (prefix, expansion to the query length) or documents."""
     truncate: StrictBool | None = None
     truncation_direction: Direction = "Right"
     prompt_name: StrictStr | None = None
+    windowed: StrictBool | None = None
+    """Refused when true: per-token vectors are not windowed (split a long document into
+    passages); the server's --windowed-inputs does not apply here."""
 
 
 class SimilarityInput(_Body):

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests.grpc.clients import Stubs
+from tests.helpers.batches import alone_and_together, assert_quantized_close, pooled
 from tests.helpers.reference import assert_close_vectors, st_encode
 from tests.helpers.server import LiveServer
 from tests.helpers.texts import mixed_texts
@@ -24,6 +25,7 @@ from vectorpress.backends.select import backend_args
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import load_model_spec
 from vectorpress.settings import Settings
+from vectorpress.types import Batch
 
 pytest.importorskip("openvino", reason="make dev installs the openvino extra")
 
@@ -138,7 +140,7 @@ def _backend(folder: Path, cache: Path, **extra: Any) -> OpenVinoBackend:
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ({"dtype": "float16"}, "runs float32 or bfloat16"),
+        ({"dtype": "float16"}, "runs float32, bfloat16 or int8"),
         ({"device": "cuda"}, "CPU only"),
     ],
 )
@@ -188,7 +190,7 @@ def test_a_graph_openvino_cannot_read_is_one_start_up_line(
 def test_a_large_batch_runs_as_passes_of_at_most_pass_tokens(
     tiny_bert_family: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from vectorpress.types import Batch, Encoding
+    from vectorpress.types import Encoding
 
     backend = _backend(tiny_bert_family("bert", "embedding", "mean"), tmp_path)
     shapes: list[tuple[int, ...]] = []
@@ -217,3 +219,42 @@ class _Watched:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._request, name)
+
+
+@pytest.mark.slow
+def test_int8_holds_cosine_099_on_every_corpus_text(
+    minilm: Path, tmp_path: Path, corpus_batches: list[Batch], corpus_fp32: np.ndarray
+) -> None:
+    backend = _backend(minilm, tmp_path, dtype="int8")
+    assert backend.dtype == "int8"
+    assert_quantized_close(pooled(backend, corpus_batches), corpus_fp32, "openvino int8 vs fp32")
+    # OpenVINO picks its int8 kernel by the pass's shape (a few rows run without quantizing
+    # the activations), so a text's vector alone and in a batch agree to cosine 0.9999, not to
+    # the last bits as on the torch and ONNX int8 paths.
+    alone, together = alone_and_together(backend, minilm, TEXTS[:8])
+    assert_close_vectors(alone, together, min_cos=0.9999, what="int8 alone vs batched")
+
+
+def test_int8_compresses_the_encoder_and_keeps_a_classifier_head_in_float32(
+    tiny_bert_family: Callable[..., Path], tmp_path: Path
+) -> None:
+    import openvino as ov
+
+    from vectorpress.backends.onnx.backend import onnx_graph
+    from vectorpress.backends.openvino.int8 import compress_weights
+
+    folder = tiny_bert_family("bert", "classifier")
+    spec = load_model_spec(folder, _settings(folder, tmp_path).model)
+    model = ov.Core().read_model(str(onnx_graph(spec, tmp_path)))
+    # Q, K, V, attention output and the FFN's two linears in each of the 2 layers; not the
+    # pooler's and the classifier's, which see one vector per text.
+    assert compress_weights(model) == 12
+    backend = _backend(folder, tmp_path, dtype="int8")
+    fp32 = _backend(folder, tmp_path)
+    from vectorpress.types import Encoding
+
+    encodings = [Encoding(ids=[101, 2000 + i, 2054, 102], type_ids=[0] * 4) for i in range(3)]
+    got = backend.predict(Batch.from_encodings(encodings)).pooled
+    want = fp32.predict(Batch.from_encodings(encodings)).pooled
+    assert got is not None and want is not None
+    np.testing.assert_allclose(got, want, atol=0.05)

@@ -3,7 +3,8 @@
 The graph is the one `--backend onnx` serves (the checkpoint's own `model.onnx`, or one exported
 from its weights on the first start and cached), read by OpenVINO's ONNX frontend and compiled
 once, with dynamic batch and length, on every available CPU. `--dtype bfloat16` compiles the
-same graph with bf16 as its inference precision (the weights stay fp32 on disk). Batches run as
+same graph with bf16 as its inference precision (the weights stay fp32 on disk); `--dtype int8`
+compresses its linear weights to 8 bits first (`int8.py`). Batches run as
 the ONNX backend's length buckets, and the hidden states come back into the packed layout, so
 pooling, Dense modules, SPLADE heads and classification logits are the shared code's.
 """
@@ -28,8 +29,8 @@ from vectorpress.types import Batch
 
 log = logging.getLogger(__name__)
 
-#: --dtype -> OpenVINO's inference precision hint.
-PRECISIONS = {"float32": "f32", "bfloat16": "bf16"}
+#: --dtype -> OpenVINO's inference precision hint (int8: weights in 8 bits, see `int8.py`).
+PRECISIONS = {"float32": "f32", "bfloat16": "bf16", "int8": "f32"}
 # Padded tokens per run at most: 4,096 measured level with 2,048 and 8,192 on MiniLM (see
 # docs/performance.md); OpenVINO keeps no arena of the largest run, unlike ONNX Runtime.
 PASS_TOKENS = 4096
@@ -75,7 +76,7 @@ class OpenVinoBackend(OnnxBackend):
         dtype = dtype or "float32"
         if dtype not in PRECISIONS:
             raise StartupError(
-                f"--backend openvino runs float32 or bfloat16; --dtype {dtype} cannot apply"
+                f"--backend openvino runs float32, bfloat16 or int8; --dtype {dtype} cannot apply"
             )
         if device == "cuda":
             raise StartupError("--backend openvino runs on the CPU only: --device cpu or auto")
@@ -99,7 +100,19 @@ class OpenVinoBackend(OnnxBackend):
         }
         try:
             model = core.read_model(str(self.path))
+            if dtype == "int8":
+                from vectorpress.backends.openvino.int8 import compress_weights
+
+                compressed = compress_weights(model)
+                if not compressed:
+                    raise StartupError(
+                        f"{self.path} has no float32 linear weight to compress to int8: "
+                        "serve it without --dtype int8"
+                    )
+                log.info("openvino int8: %d linear weights in 8 bits", compressed)
             self.compiled = core.compile_model(model, "CPU", config)
+        except StartupError:
+            raise
         except Exception as exc:  # OpenVINO raises RuntimeError with its own long message
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise StartupError(f"OpenVINO cannot compile {self.path}: {first}") from exc

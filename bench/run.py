@@ -561,6 +561,7 @@ def main() -> None:
     ap.add_argument("--model", help="model folder (default: the packaged all-MiniLM-L6-v2)")
     ap.add_argument("--no-infinity", action="store_true", help="skip Infinity")
     ap.add_argument("--no-onnx", action="store_true", help="skip the ONNX servers")
+    ap.add_argument("--no-openvino", action="store_true", help="skip the OpenVINO servers")
     ap.add_argument(
         "--rounds",
         type=int,
@@ -653,6 +654,18 @@ def main() -> None:
                              vectorpress_cmd(onnx32, p, "--backend", "onnx", "--dtype", "int8"),
                              p, "vp", hub),
         ))  # fmt: skip
+    # OpenVINO compiles the same exported graph (from the hub cache above) for the CPU.
+    if not args.no_openvino and importlib.util.find_spec("openvino") is not None:
+        for dtype in ("float32", "bfloat16", "int8"):
+            if dtype == "bfloat16" and not ceiling["bf16_gflops"]:
+                continue
+            servers.append((
+                f"vectorpress openvino {dtype} (`--backend openvino --dtype {dtype}`)",
+                lambda p, d=dtype: Server(
+                    f"openvino {d}",
+                    vectorpress_cmd(model, p, "--backend", "openvino", "--dtype", d), p, "vp",
+                    hub),
+            ))  # fmt: skip
     if not args.no_infinity and install_infinity():
         for engine in ("torch", "optimum"):
             # The optimum engine hands optimum the graph's path as a file name, which optimum

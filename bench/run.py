@@ -592,6 +592,16 @@ def methods(args: argparse.Namespace, bf16: bool) -> list[Method]:
             lambda m, p: vectorpress("onnx int8", "--backend", "onnx", "--dtype", "int8",
                                      env=HUB)(onnx_fp32(m), p),
         ))  # fmt: skip
+    # OpenVINO compiles the graph the ONNX backend exports, cached under HUB's cache.
+    if not args.no_openvino and importlib.util.find_spec("openvino") is not None:
+        for dtype, short in (("float32", "fp32"), ("bfloat16", "bf16"), ("int8", "int8")):
+            if dtype == "bfloat16" and not bf16:
+                continue
+            name = f"vectorpress openvino {short}"
+            out.append(Method(
+                name, vectorpress(name, "--backend", "openvino", "--dtype", dtype, env=HUB),
+                ("main", "second"), full_only=("second",),
+            ))  # fmt: skip
     if not args.no_infinity and install_infinity():
         for engine in ("torch", "optimum"):
             # The optimum engine hands optimum the graph's path as a file name, which optimum
@@ -675,6 +685,7 @@ def main() -> None:
         default=RESULTS,
         help="where latest.{md,json,png} and history.md go (default bench/results)",
     )
+    ap.add_argument("--no-openvino", action="store_true", help="skip the OpenVINO servers")
     ap.add_argument(
         "--rounds",
         type=int,

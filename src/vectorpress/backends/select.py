@@ -70,4 +70,12 @@ def select_backend(spec: ModelSpec, settings: ModelSettings) -> Backend:
                 f"the onnx backend needs `pip install vectorpress[onnx]`: {exc}"
             ) from None
         return OnnxBackend(spec, **backend_args(settings))
+    if choice == "openvino":
+        try:
+            from vectorpress.backends.openvino.backend import OpenVinoBackend
+        except ImportError as exc:  # onnx (the graph's exporter) is an optional extra too
+            raise StartupError(
+                f"the openvino backend needs `pip install vectorpress[openvino]`: {exc}"
+            ) from None
+        return OpenVinoBackend(spec, **backend_args(settings))
     raise StartupError(f"unknown backend {choice}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -132,6 +133,7 @@ class OnnxBackend:
     # tokens as it does for the packed torch backend.
     is_padded = False
     max_batch_size: int | None = None
+    pass_tokens = PASS_TOKENS
 
     def __init__(
         self,
@@ -184,11 +186,20 @@ class OnnxBackend:
             self.session = ort.InferenceSession(str(self.path), options, providers=providers)
         except Exception as exc:  # onnxruntime raises its own exception types
             raise StartupError(f"cannot load {self.path}: {exc}") from exc
-        self.inputs = {i.name for i in self.session.get_inputs()}
-        missing = {"input_ids", "attention_mask"} - self.inputs
+        self._heads(
+            {i.name for i in self.session.get_inputs()},
+            {o.name: o.shape for o in self.session.get_outputs()},
+        )
+        log.info("onnx graph %s, providers %s", self.path, self.session.get_providers())
+
+    def _heads(self, inputs: set[str], outputs: dict[str, Any]) -> None:
+        """Check the graph's inputs, pick its output and set up what runs after it (Dense
+        modules, a masked-LM head for SPLADE): `outputs` maps each output's name to its shape."""
+        spec = self.spec
+        self.inputs = inputs
+        missing = {"input_ids", "attention_mask"} - inputs
         if missing:
             raise StartupError(f"{self.path} lacks the inputs {sorted(missing)}")
-        outputs = [o.name for o in self.session.get_outputs()]
         want: tuple[str, ...]
         if spec.kind == "embedding" or spec.llm_rerank is not None:
             want = ("last_hidden_state", "token_embeddings")
@@ -198,7 +209,7 @@ class OnnxBackend:
             want = ("logits",)
         self.output = next((name for name in want if name in outputs), None)
         if self.output is None:
-            raise StartupError(f"{self.path} has none of the outputs {list(want)}: {outputs}")
+            raise StartupError(f"{self.path} has none of the outputs {list(want)}: {list(outputs)}")
         self.dense = [load_dense(d).eval() for d in spec.dense]
         # The heads that read every token's hidden state (bge-m3's, ColBERT's projection) and
         # an LLM reranker's one-row answer head run in torch, as the native backend's do.
@@ -223,14 +234,13 @@ class OnnxBackend:
             head.eval().fuse()
             self.mlm_head = head
         elif spec.is_splade:
-            shape = next(o.shape for o in self.session.get_outputs() if o.name == self.output)
+            shape = list(outputs[self.output])
             vocab = shape[-1] if shape else None
             if len(shape) != 3 or (isinstance(vocab, int) and vocab != spec.vocab_size):
                 raise StartupError(
                     f"{self.path}: its logits have shape {shape}; SPLADE needs every token's "
                     f"scores over the vocabulary: (batch, sequence, {spec.vocab_size})"
                 )
-        log.info("onnx graph %s, providers %s", self.path, self.session.get_providers())
 
     def _run(self, batch: Batch, group: list[int]) -> np.ndarray:
         inputs = padded_inputs(batch, group, token_types=self.spec.has_token_types)
@@ -242,7 +252,7 @@ class OnnxBackend:
         cu = batch.cu_seqlens
         seqs = PackedSequences(torch.from_numpy(cu.astype(np.int64)), batch.max_seqlen)
         hidden: np.ndarray | None = None
-        for group in buckets(batch.lengths.tolist(), max_tokens=PASS_TOKENS):
+        for group in buckets(batch.lengths.tolist(), max_tokens=self.pass_tokens):
             out = self._run(batch, group)
             if hidden is None:
                 hidden = np.empty((batch.total_tokens, out.shape[-1]), dtype=np.float32)
@@ -335,7 +345,7 @@ class OnnxBackend:
                 last = pool(hidden, seqs, "last_token", list(batch.pooled_indices))
                 return BatchOutput(self.answer(last).float().numpy(), [])
         logits = np.empty((batch.size, self.spec.num_labels), dtype=np.float32)
-        for group in buckets(batch.lengths.tolist(), max_tokens=PASS_TOKENS):
+        for group in buckets(batch.lengths.tolist(), max_tokens=self.pass_tokens):
             logits[group] = self._run(batch, group)
         return BatchOutput(logits[list(batch.pooled_indices)], [])
 

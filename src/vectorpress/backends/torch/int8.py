@@ -12,8 +12,10 @@ VNNI (minimum 0.9959 on those 1,200 texts) and 7 bits elsewhere: on AVX2 without
 sums pairs of u8 x s8 products in 16 bits with saturation (255 x 127 x 2 overflows; 255 x 63 x
 2 does not), and 8-bit weights after smoothing lost more to that than they gained (0.988).
 
-fbgemm over oneDNN's int8 linear: level on large passes, 1.5x faster on a short query, and it
-keeps nothing per input shape (oneDNN's primitives do, see `passes.bucket_rows`)."""
+fbgemm's float-input linear in a float32 model is the path every x86 CPU with int8 kernels
+runs; where VNNI and native bfloat16 exist, `bf16_around_int8` moves the same layers to oneDNN's
+int8 linear in a bfloat16 model (`OnednnInt8`): there the GEMMs were a fifth of the float32
+path's time and the ops around them the rest (docs/performance.md)."""
 
 from __future__ import annotations
 

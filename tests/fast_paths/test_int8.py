@@ -4,24 +4,20 @@ architecture: tests/models/test_fused.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-import torch
 from bench.corpus import corpus
 
 from tests.helpers.batches import alone_and_together, assert_quantized_close, pooled
-from tests.helpers.cpu import needs_bf16_int8, needs_fbgemm
+from tests.helpers.cpu import needs_fbgemm
 from tests.helpers.reference import assert_close_vectors, st_encode
 from tests.helpers.server import LiveServer
-from vectorpress.backends.common.calibration import ALPHA, smoothing
 from vectorpress.backends.select import select_backend
-from vectorpress.backends.torch import backend as backend_module
 from vectorpress.backends.torch.backend import TorchBackend
-from vectorpress.backends.torch.int8 import Int8Weights, OnednnInt8
 from vectorpress.backends.torch.layers import fused_linears
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import load_model_spec
@@ -32,14 +28,6 @@ from vectorpress.types import Batch
 @pytest.fixture(scope="module")
 def int8_minilm(minilm: Path) -> TorchBackend:
     return TorchBackend(load_model_spec(minilm, ModelSettings(str(minilm))), "cpu", "int8")
-
-
-@pytest.fixture(scope="module")
-def fbgemm_minilm(minilm: Path) -> Iterator[TorchBackend]:
-    """int8 on fbgemm with float32 around it, as CPUs without VNNI and bfloat16 run it."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(backend_module, "bf16_int8_supported", lambda: False)
-        yield TorchBackend(load_model_spec(minilm, ModelSettings(str(minilm))), "cpu", "int8")
 
 
 @needs_fbgemm
@@ -54,50 +42,11 @@ def test_int8_within_099_of_float32_on_every_corpus_text(
     assert_quantized_close(got, want, "int8 vs fp32")
 
 
-@needs_bf16_int8
-def test_int8_around_bfloat16_matches_the_float32_int8_layer() -> None:
-    # The same weights, smoothing and row ranges on both kernels: only bfloat16's rounding of
-    # the input and output differs.
-    gen = torch.Generator().manual_seed(0)
-    weight = torch.randn(96, 64, generator=gen)
-    bias = torch.randn(96, generator=gen)
-    x = torch.randn(37, 64, generator=gen) * torch.rand(37, 1, generator=gen) * 4
-    smooth = smoothing(weight, x.abs().amax(0), ALPHA)
-    for low in (1.0, 0.3):
-        fbgemm = Int8Weights.of(weight, smooth, low)
-        want = fbgemm(x.clamp_min(-low * x.abs().amax()), bias)
-        got = OnednnInt8(fbgemm)(
-            x.clamp_min(-low * x.abs().amax()).bfloat16(), bias.bfloat16()
-        ).float()
-        assert got.dtype == torch.float32 and got.shape == want.shape
-        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))
-
-
-@needs_bf16_int8
-def test_int8_on_fbgemm_in_float32_stays_close(
-    minilm: Path,
-    int8_minilm: TorchBackend,
-    fbgemm_minilm: TorchBackend,
-    corpus_batches: list[Batch],
-    corpus_fp32: np.ndarray,
-) -> None:
-    """The float32 path CPUs without VNNI or bfloat16 take, on this one; both within 0.99 of
-    float32 on a slice of the corpus and close to each other."""
-    assert int8_minilm.int8_bf16 and not fbgemm_minilm.int8_bf16
-    fbgemm = pooled(fbgemm_minilm, corpus_batches[:3])
-    onednn = pooled(int8_minilm, corpus_batches[:3])
-    assert_quantized_close(fbgemm, corpus_fp32[: len(fbgemm)], "fbgemm int8 vs fp32")
-    assert_close_vectors(onednn, fbgemm, min_cos=0.99, what="int8 around bf16 vs fbgemm")
-
-
 @needs_fbgemm
-@pytest.mark.parametrize("kernel", ["default", "fbgemm"])
 def test_an_int8_vector_does_not_depend_on_its_batch_mates(
-    minilm: Path, kernel: str, request: pytest.FixtureRequest
+    minilm: Path, int8_minilm: TorchBackend
 ) -> None:
-    name = "int8_minilm" if kernel == "default" else "fbgemm_minilm"
-    backend: TorchBackend = request.getfixturevalue(name)
-    alone, together = alone_and_together(backend, minilm, corpus(48, seed=3))
+    alone, together = alone_and_together(int8_minilm, minilm, corpus(48, seed=3))
     # Exactly: each row is quantized on its own scale and the int8 GEMM sums exactly.
     np.testing.assert_array_equal(alone, together)
 

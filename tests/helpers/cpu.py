@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vectorpress.backends.torch.int8 import bf16_int8_supported, int8_ready
+from vectorpress.backends.torch.int8 import int8_ready
 from vectorpress.backends.torch.layers import onednn_supported
 from vectorpress.errors import StartupError
 
@@ -27,8 +27,4 @@ needs_onednn = pytest.mark.skipif(
 needs_fbgemm = pytest.mark.skipif(
     _int8_missing() is not None,
     reason=f"tests --dtype int8, which runs on fbgemm: {_int8_missing()}",
-)
-needs_bf16_int8 = pytest.mark.skipif(
-    _int8_missing() is not None or not bf16_int8_supported(),
-    reason="tests int8 on oneDNN inside a bfloat16 model: this CPU lacks VNNI or native bfloat16",
 )

@@ -26,13 +26,7 @@ from vectorpress.backends.preemption import add_layer_points
 from vectorpress.backends.torch.attention import varlen_usable
 from vectorpress.backends.torch.blocks import FusedModel
 from vectorpress.backends.torch.heads import ClassificationHead, MLMHead
-from vectorpress.backends.torch.int8 import (
-    INT8_PASS_TOKENS,
-    bf16_around_int8,
-    bf16_int8_supported,
-    int8_ready,
-    quantize_linears,
-)
+from vectorpress.backends.torch.int8 import INT8_PASS_TOKENS, int8_ready, quantize_linears
 from vectorpress.backends.torch.layers import onednn_supported
 from vectorpress.backends.torch.passes import CPU_PASS_TOKENS, CpuPasses, PassPlan, plan_passes
 from vectorpress.backends.torch.registry import Architecture, HeadRules, lookup
@@ -225,19 +219,8 @@ class TorchBackend:
             else None
         )
         self.passes = CpuPasses(INT8_PASS_TOKENS if int8 else CPU_PASS_TOKENS, plan)
-        # The encoder's own dtype when it differs from its heads' (int8 around bfloat16).
-        self.int8_bf16 = False
         if int8:
             self._quantize()
-            if bf16_int8_supported():
-                bf16_around_int8(self.model.encoder)
-                # oneDNN keeps a primitive per GEMM shape: passes padded as bfloat16's are.
-                self.passes = CpuPasses(INT8_PASS_TOKENS, PassPlan(True, True))
-                self.int8_bf16 = True
-            log.info(
-                "int8: GEMMs on %s",
-                "oneDNN, other ops in bfloat16" if self.int8_bf16 else "fbgemm, others float32",
-            )
 
     def _quantize(self) -> None:
         """Calibrate on the packaged texts through this backend's own passes, then quantize."""
@@ -263,9 +246,7 @@ class TorchBackend:
         )
         if dev != "cpu":
             return self.model.encoder(*inputs, seqs), seqs
-        hidden = self.passes.run(self.model.encoder, *inputs, seqs)
-        # The heads, pooling and multi-vector layers stay in float32.
-        return (hidden.float() if self.int8_bf16 else hidden), seqs
+        return self.passes.run(self.model.encoder, *inputs, seqs), seqs
 
     @torch.inference_mode()
     def embed(self, batch: Batch) -> BatchOutput:

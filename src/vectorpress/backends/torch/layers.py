@@ -19,7 +19,7 @@ from vectorpress.backends.common.activations import Activation, activation
 if TYPE_CHECKING:
     from torch import nn
 
-    from vectorpress.backends.torch.int8 import Int8Weights, OnednnInt8
+    from vectorpress.backends.torch.int8 import Int8Weights
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ class FusedLinear:
         self.act_: Activation | None = _IN_PLACE.get(str(act), self.act) if self.act else None
         self.packed: torch.Tensor | None = None
         # Set by int8.quantize_linears; runs instead of both float kernels.
-        self.int8: Int8Weights | OnednnInt8 | None = None
+        self.int8: Int8Weights | None = None
         self.attr, self.algorithm = "none", ""
         plain = act in (None, "identity")
         postop = ("none", "") if plain else _ONEDNN_POSTOPS.get(str(act))

@@ -32,7 +32,6 @@ from vectorpress.backends.torch.layers import (
     FusedLinear,
     fused_linears,
     observe_linears,
-    onednn_supported,
     portable_cpu,
 )
 from vectorpress.errors import StartupError
@@ -132,79 +131,6 @@ class Int8Weights:
         y: torch.Tensor = self.linear(body, self.in_scale, self.in_zero, self.packed)
         y = y.mul_(scale) if bias is None else torch.addcmul(bias, y, scale, out=y)
         return y.view(*shape[:-1], y.shape[-1])
-
-
-def bf16_int8_supported() -> bool:
-    """Whether int8's other ops can run in bfloat16 around oneDNN's int8 GEMM here: native
-    bfloat16 (AVX512-BF16 or AMX), VNNI (8-bit weights) and oneDNN's int8 linear in this build."""
-    return (
-        WEIGHT_LEVELS == 127
-        and onednn_supported(torch.bfloat16)
-        and hasattr(torch.ops.onednn, "qlinear_pointwise")
-        and hasattr(torch.ops.onednn, "qlinear_prepack")
-    )
-
-
-class OnednnInt8:
-    """A layer of `Int8Weights` on oneDNN's int8 linear, in and out in bfloat16.
-
-    The same weights, smoothing and row ranges: each row scaled into [-low, 1] and quantized on
-    the layer's fixed scale, so a text's vector still does not depend on its batch-mates; but
-    the row is quantized here, to u8 in one op (fbgemm's float-input linear quantizes it once
-    more inside), and the GEMM writes bfloat16, which the attention, LayerNorm, GELU and
-    residuals of the bfloat16 model around it read at half the bytes of float32.
-    oneDNN takes one activation scale per tensor only, so the row scales multiply its output.
-    """
-
-    def __init__(self, int8: Int8Weights) -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            q = torch.ops.quantized.linear_unpack(int8.packed)[0]
-        self.weight = torch.ops.onednn.qlinear_prepack(q.int_repr(), None)
-        self.w_scale = q.q_per_channel_scales().float()
-        self.w_zero = torch.zeros(self.w_scale.shape[0], dtype=torch.long)
-        self.unsmooth = int8.unsmooth.float()
-        self.low, self.in_scale, self.in_zero = int8.low, int8.in_scale, int8.in_zero
-        # u8 = trunc(row / (scale * in_scale) + zero + ~0.5): rounded to nearest, and the top
-        # of the range, 255.5 with 0.5, stays 255 (a cast does not saturate).
-        self.offset = torch.tensor(float(int8.in_zero) + 0.499)
-
-    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        shape = x.shape
-        x = x.reshape(-1, shape[-1])
-        # float32 from here to the u8 cast: bfloat16 holds only integers above 128.
-        body = torch.mul(x, self.unsmooth)
-        reach_below = body.amin(1, keepdim=True).div_(-self.low)
-        scale = torch.maximum(body.amax(1, keepdim=True), reach_below).clamp_min_(1e-12)
-        q = torch.addcdiv(self.offset, body, scale.mul(self.in_scale)).to(torch.uint8)
-        y: torch.Tensor = torch.ops.onednn.qlinear_pointwise(
-            q,
-            self.in_scale,
-            self.in_zero,
-            self.weight,
-            self.w_scale,
-            self.w_zero,
-            None,
-            1.0,
-            0,
-            torch.bfloat16,
-            "none",
-            [],
-            "",
-        )
-        scale = scale.to(torch.bfloat16)
-        y = y.mul_(scale) if bias is None else torch.addcmul(bias, y, scale, out=y)
-        return y.view(*shape[:-1], y.shape[-1])
-
-
-def bf16_around_int8(model: nn.Module) -> None:
-    """Run a quantized model's int8 GEMMs on oneDNN and everything else in bfloat16."""
-    for linear in fused_linears(model):
-        if isinstance(linear.int8, Int8Weights):
-            linear.int8 = OnednnInt8(linear.int8)
-            if linear.bias is not None:
-                linear.bias = linear.bias.to(torch.bfloat16)
-    model.to(torch.bfloat16)
 
 
 def quantize_linears(

@@ -265,6 +265,7 @@ def _load_one(
             settings.hf_token,
             settings.huggingface_hub_cache,
             want_onnx=settings.backend == "onnx",
+            dense_path=settings.dense_path,
         )
         spec = load_model_spec(folder, settings)
         backend = scheduler.call(lambda: make_backend(spec, settings))

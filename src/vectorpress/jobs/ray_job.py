@@ -82,6 +82,7 @@ def _model_spec(settings: ModelSettings) -> Any:
         settings.hf_token,
         settings.huggingface_hub_cache,
         want_onnx=settings.backend == "onnx",
+        dense_path=settings.dense_path,
     )
     return load_model_spec(folder, settings)
 

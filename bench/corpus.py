@@ -49,17 +49,23 @@ def sentences() -> list[str]:
     return out
 
 
+def kind(i: int) -> str:
+    """Which part of the mix text i of any corpus is: "short", "medium" or "long"."""
+    r = (i * 0.618034) % 1.0
+    return "short" if r < 0.4 else "medium" if r < 0.8 else "long"
+
+
 def corpus(n: int, seed: int = 0) -> list[str]:
     """n texts: 40% short queries, 40% medium passages, 20% long passages."""
     pool = sentences()
     rng = random.Random(seed)
     out = []
     for i in range(n):
-        r = (i * 0.618034) % 1.0
-        if r < 0.4:
+        part = kind(i)
+        if part == "short":
             words = rng.choice(pool).split()[: rng.randint(3, 12)]
             out.append(" ".join(words).rstrip(".,;:"))
-        elif r < 0.8:
+        elif part == "medium":
             out.append(" ".join(rng.choice(pool) for _ in range(rng.randint(2, 6))))
         else:
             out.append(" ".join(rng.choice(pool) for _ in range(rng.randint(15, 40))))

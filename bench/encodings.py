@@ -5,8 +5,14 @@
 For 32 vectors of 384 and of 1,024 dimensions (unit-norm, seeded), each encoding goes through
 the same code the routes run: `api/encodings.py` from the float32 matrix the pipeline returns,
 then orjson of OpenAI's response shape (`data[i].embedding`), as /v1/embeddings answers it.
-int8/uint8 ranges come from 200 other seeded vectors, as the calibration texts' would. Times
-are the median of repeated runs in this process; they are indicative on a shared machine.
+int8/uint8 ranges come from 200 other seeded vectors, as the calibration texts' would.
+
+Multi-vector responses (/embed_multi): per-token vectors (unit-norm, seeded) of 8 documents of
+180 tokens at 128 dimensions (a PyLate ColBERT) and of 4 texts of 100 tokens at 1,024 (bge-m3's
+ColBERT head), through the route's own payload code (`multi_payload`, the shared encoder) and
+the chunked JSON writer the route answers with (`api/answers.py`).
+
+Times are the median of repeated runs in this process; they are indicative on a shared machine.
 """
 
 from __future__ import annotations
@@ -20,8 +26,11 @@ from typing import Any
 import numpy as np
 import orjson
 
-from vectorpress.api import encodings
+from vectorpress.api import answers, encodings
+from vectorpress.api.native.embed import multi_payload
+from vectorpress.api.native.schemas import EmbedMultiRequest
 from vectorpress.core.calibration import Calibration
+from vectorpress.types import MultiOutput
 
 RESULTS = Path(__file__).with_name("results") / "encodings.md"
 ROWS = 32
@@ -40,6 +49,22 @@ CASES = [
     ("ubinary (JSON)", "ubinary", False),
     ("binary base64", "binary", True),
 ]
+
+
+#: /embed_multi's (name, dtype, encoding_format); int8/uint8 have no ranges for token vectors.
+MULTI_CASES = [
+    ("float (JSON)", "float32", "float"),
+    ("float16 (JSON)", "float16", "float"),
+    ("float32 base64", "float32", "base64"),
+    ("float16 base64", "float16", "base64"),
+    ("bfloat16 base64", "bfloat16", "base64"),
+    ("binary (JSON)", "binary", "float"),
+    ("binary base64", "binary", "base64"),
+    ("ubinary base64", "ubinary", "base64"),
+]
+#: (texts, tokens per text, dims) of a multi-vector response.
+MULTI_SHAPES = [(8, 180, 128), (4, 100, 1024)]
+MULTI_REPEATS = 50
 
 
 def unit_rows(rng: np.random.Generator, n: int, dims: int) -> np.ndarray:
@@ -61,9 +86,14 @@ def response(matrix: np.ndarray, dtype: str, b64: bool, calibration: Calibration
     return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-def median_us(fn: Callable[[], object]) -> float:
+def multi_response(outputs: list[MultiOutput], dtype: str, fmt: str) -> bytes:
+    body = EmbedMultiRequest.model_validate({"inputs": "x", "dtype": dtype, "encoding_format": fmt})
+    return answers.dumps([multi_payload(out, body) for out in outputs])
+
+
+def median_us(fn: Callable[[], object], repeats: int = REPEATS) -> float:
     times = []
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         started = time.perf_counter()
         fn()
         times.append(time.perf_counter() - started)
@@ -90,6 +120,31 @@ def main() -> None:
             size = len(response(matrix, dtype, b64, calibration))
             took = median_us(lambda m=matrix, c=calibration, d=dtype, b=b64: response(m, d, b, c))
             lines.append(f"| {name} | {dims} | {size:,} | {size / baseline:.3f} | {took:.0f} |")
+    lines += [
+        "",
+        "## Multi-vector responses (/embed_multi, per-token vectors)",
+        "",
+        "Time = the route's payload code (shared encoder) + its chunked JSON writer, median of "
+        f"{MULTI_REPEATS} runs (indicative: shared machine).",
+        "",
+        "| encoding | texts x tokens x dims | bytes | vs float JSON | serialize (ms) | "
+        "vs float JSON |",
+        "|---|---|---|---|---|---|",
+    ]
+    for texts, tokens, dims in MULTI_SHAPES:
+        outputs = [MultiOutput(colbert=unit_rows(rng, tokens, dims)) for _ in range(texts)]
+        base_bytes = len(multi_response(outputs, "float32", "float"))
+        base_us = 0.0  # the first case's, float JSON, measured in the same loop
+        for name, dtype, fmt in MULTI_CASES:
+            size = len(multi_response(outputs, dtype, fmt))
+            took = median_us(
+                lambda o=outputs, d=dtype, f=fmt: multi_response(o, d, f), MULTI_REPEATS
+            )
+            base_us = base_us or took
+            lines.append(
+                f"| {name} | {texts} x {tokens} x {dims} | {size:,} | {size / base_bytes:.3f} "
+                f"| {took / 1000:.2f} | {took / base_us:.2f} |"
+            )
     text = "\n".join(lines) + "\n"
     RESULTS.write_text(text)
     print(text)

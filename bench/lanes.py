@@ -125,9 +125,23 @@ class Load:
     items: dict[str, int] = field(default_factory=dict)
     latencies: dict[str, list[float]] = field(default_factory=dict)
     errors: int = 0
+    answers: dict[str, list[list[float]]] = field(default_factory=dict)
+    """Per client of each name, when each of its answers came during the phase."""
+    per_answer: dict[str, int] = field(default_factory=dict)
 
     def rate(self, name: str) -> float:
-        return self.items.get(name, 0) / self.seconds if self.seconds else 0.0
+        """Items per second of `name`'s clients, summed: each client's answers over the time
+        from its first answer in the phase to its last. A bulk answer takes seconds, so
+        counting the requests that start in the phase would move the rate by a whole request
+        per client (about 6% of a 20 s phase) on where the phase's edges fall."""
+        total, timed = 0.0, 0
+        for times in self.answers.get(name, []):
+            if len(times) >= 2 and times[-1] > times[0]:
+                total += (len(times) - 1) * self.per_answer[name] / (times[-1] - times[0])
+                timed += 1
+        # A client with fewer than two answers in the phase has no rate: the phase was too
+        # short for the machine (run longer), not a rate of zero.
+        return total if timed == len(self.answers.get(name, [])) and timed else float("nan")
 
 
 @dataclass(frozen=True)
@@ -151,20 +165,24 @@ async def run_load(clients: Sequence[Client], seconds: float, warm: float = 2.0)
 
     async def loop(c: Client) -> None:
         conn = Connection(c.url)
+        answers: list[float] = []
+        load.answers.setdefault(c.name, []).append(answers)
+        load.per_answer[c.name] = c.items
         try:
-            while (now := time.perf_counter()) < stop:
+            while time.perf_counter() < stop:
                 t0 = time.perf_counter()
                 status, _ = await conn.post(c.path, c.body)
                 t1 = time.perf_counter()
                 if status != 200:
                     load.errors += 1
-                elif t0 >= start:
+                elif start <= t1 <= stop:
+                    answers.append(t1)
+                if status == 200 and t0 >= start:
                     load.items[c.name] = load.items.get(c.name, 0) + c.items
                     if c.timed:
                         load.latencies.setdefault(c.name, []).append(t1 - t0)
                 if c.pause:
                     await asyncio.sleep(c.pause)
-                del now
         finally:
             await conn.close()
 
@@ -191,15 +209,22 @@ def ms(v: float) -> str:
     return f"{v * 1000:,.0f}"
 
 
-def part_single(model: str, seconds: float, baseline: Path | None) -> list[str]:
+#: The single part's servers, as --variants names them.
+VARIANTS = ("preempt", "units", "fifo")
+
+
+def part_single(
+    model: str, seconds: float, baseline: Path | None, chosen: Sequence[str] = VARIANTS
+) -> list[str]:
     docs = passages(128, 1200, seed=1)
     query = Client("query", "", "/embed", {"inputs": QUERY}, 1, timed=True, pause=0.05)
     lines = [
         "### One model: a one-sentence query while four clients post 32 passages",
         "",
-        row("server", "query p50 ms", "query p99 ms", "query max ms", "bulk passages/s",
+        row("server", "query p50 ms", "query p99 ms", "query max ms", "queries/s",
+            "bulk passages/s",
             "bulk alone passages/s", "bulk kept"),
-        row(*["---"] * 7),
+        row(*["---"] * 8),
     ]  # fmt: skip
     here = ROOT / "src"
     variants = [
@@ -207,6 +232,7 @@ def part_single(model: str, seconds: float, baseline: Path | None) -> list[str]:
         ("lanes, bulk units only", ["--preemption", "false"], {}, here),
         ("query sent as bulk (FIFO)", [], {"priority": "bulk"}, here),
     ]
+    variants = [v for key, v in zip(VARIANTS, variants, strict=True) if key in chosen]
     if baseline is not None:
         variants.append((f"before the lanes ({baseline})", [], {}, baseline))
     for name, flags, extra, src in variants:
@@ -215,21 +241,30 @@ def part_single(model: str, seconds: float, baseline: Path | None) -> list[str]:
             idle = asyncio.run(
                 run_load([Client("query", srv.url, "/embed", {"inputs": QUERY}, 1, True)], 5, 1)
             )
-            alone = asyncio.run(run_load(bulk_clients(srv.url, docs), seconds))
             q = Client(
                 query.name, srv.url, query.path, {**query.body, **extra}, 1, True, query.pause
             )
-            mixed = asyncio.run(run_load([*bulk_clients(srv.url, docs), q], seconds))
+            # Alone and with queries in turn, twice (A/B/A/B), so that a change in the
+            # machine's other load weighs on both alike.
+            alones, mixeds = [], []
+            for _ in range(2):
+                alones.append(asyncio.run(run_load(bulk_clients(srv.url, docs), seconds / 2)))
+                mixeds.append(asyncio.run(run_load([*bulk_clients(srv.url, docs), q], seconds / 2)))
         finally:
             srv.stop()
-        lat = mixed.latencies.get("query", [])
-        kept = mixed.rate("bulk") / alone.rate("bulk") if alone.rate("bulk") else float("nan")
+        lat = [v for m in mixeds for v in m.latencies.get("query", [])]
+        alone_rate = sum(a.rate("bulk") for a in alones) / len(alones)
+        mixed_rate = sum(m.rate("bulk") for m in mixeds) / len(mixeds)
+        kept = mixed_rate / alone_rate if alone_rate else float("nan")
+        errors = sum(x.errors for x in (*alones, *mixeds))
         lines.append(
             row(name, ms(pct(lat, 50)), ms(pct(lat, 99)), ms(max(lat, default=float("nan"))),
-                f"{mixed.rate('bulk'):.1f}", f"{alone.rate('bulk'):.1f}", f"{kept:.0%}")
+                f"{len(lat) / seconds:.1f}", f"{mixed_rate:.1f}", f"{alone_rate:.1f}",
+                f"{kept:.0%}")
         )  # fmt: skip
         print(f"{name}: idle query p50 {ms(pct(idle.latencies['query'], 50))} ms, "
-              f"{len(lat)} queries under load", flush=True)  # fmt: skip
+              f"{len(lat)} queries under load, {errors} errors",
+              flush=True)  # fmt: skip
     return lines
 
 
@@ -336,6 +371,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20.0, help="per measured phase")
     parser.add_argument("--parts", default="single,two,split")
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help="the single part's servers: preempt,units,fifo",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "lanes.md")
     parser.add_argument(
         "--baseline", type=Path, help="another tree's src/ to run the single-model part on too"
@@ -349,7 +389,7 @@ def main() -> None:
     lines = [f"## bench/lanes.py, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
              f"{args.seconds:.0f} s per phase, {os.cpu_count()} cores", ""]  # fmt: skip
     if "single" in parts:
-        lines += [*part_single(model, args.seconds, args.baseline), ""]
+        lines += [*part_single(model, args.seconds, args.baseline, args.variants.split(",")), ""]
     if "two" in parts or "split" in parts:
         with tempfile.TemporaryDirectory() as tmp:
             reranker = make_cross_encoder(model, Path(tmp) / "cross-encoder")

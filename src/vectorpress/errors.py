@@ -123,6 +123,12 @@ class ModelNotFoundError(VectorpressError):
         }
 
 
+class ModelConflictError(VectorpressError):
+    """A request names two different served models (its path, `x-model` header or body)."""
+
+    wire = WireError(400, "Validation", "INVALID_ARGUMENT", "validation")
+
+
 class OverloadedError(VectorpressError):
     """No admission permit was free."""
 

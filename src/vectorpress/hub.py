@@ -1,11 +1,14 @@
 """Find a model's files: a local folder as it is, or a Hub repository downloaded into the cache.
 
-Only what serving needs is fetched: config, tokenizer, sentence-transformers module files and
-the weights, safetensors in preference to PyTorch pickles.
+Only what serving needs is fetched: config, tokenizer (with a chat model's template), the
+sentence-transformers configs, bge-m3's two heads, the module folders `modules.json` names
+(a Dense projection's weights, PyLate's `1_Dense` among them) and the weights, safetensors in
+preference to PyTorch pickles, folder by folder.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -13,24 +16,63 @@ from vectorpress.errors import StartupError
 
 log = logging.getLogger(__name__)
 
-#: Everything but the weights. Sentence-transformers module folders are small JSON plus their
-#: own weights, so they are taken whole.
+#: Everything at the repository's root but the encoder's weights.
 _METADATA_PATTERNS = [
     "config.json",
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
+    # A chat model's template beside its tokenizer (transformers writes it apart since 4.47).
+    "chat_template.jinja",
     "modules.json",
     "sentence_bert_config.json",
     "sentence_*_config.json",
+    # PyLate keeps a ColBERT model's prefixes, lengths and skip-list here.
     "config_sentence_transformers.json",
-    "1_Pooling/*",
-    "2_Dense*/*",
-    "3_Dense*/*",
+    # Read for the pooling mode even when modules.json lists no Pooling module.
+    "1_Pooling/config.json",
+    # bge-m3's sparse and ColBERT heads: small torch pickles, needed whatever format the
+    # encoder's weights come in.
+    "colbert_linear.pt",
+    "sparse_linear.pt",
 ]
 _SAFETENSORS_PATTERNS = ["model.safetensors", "model.safetensors.index.json", "model-*.safetensors"]
 _PICKLE_PATTERNS = ["pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_model-*.bin"]
 _ONNX_PATTERNS = ["model.onnx*", "onnx/model.onnx*"]
+
+
+def _in(folder: str, patterns: list[str]) -> list[str]:
+    return [f"{folder}/{p}" if folder else p for p in patterns]
+
+
+def module_folders(folder: Path, dense_path: str | None = None) -> tuple[list[str], list[str]]:
+    """The sentence-transformers module folders serving reads, as (every folder `modules.json`
+    names, for its config.json; the ones among them with weights of their own: Dense
+    projections, sentence-transformers' or PyLate's). `--dense-path` replaces a lone Dense."""
+    path = folder / "modules.json"
+    try:
+        modules = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+    except (OSError, json.JSONDecodeError) as exc:
+        raise StartupError(f"cannot read {path}: {exc}") from exc
+    configs: list[str] = []
+    weighted: list[str] = []
+    for module in modules if isinstance(modules, list) else []:
+        if not isinstance(module, dict):
+            continue
+        sub = str(module.get("path") or "").strip("/")
+        if not sub or sub in configs:  # "" is the encoder itself, at the root
+            continue
+        configs.append(sub)
+        if str(module.get("type", "")).endswith("Dense"):
+            weighted.append(sub)
+    extra = (dense_path or "").strip("/")
+    if extra and len(weighted) <= 1:
+        # As model_spec reads it: --dense-path stands in for the one Dense module listed
+        # (stella's 2_Dense_256 ... 2_Dense_8192 beside it, one of them asked for).
+        configs = [sub for sub in configs if sub not in weighted]
+        weighted = [extra]
+        configs.append(extra)
+    return configs, weighted
 
 
 def _has_weights(folder: Path) -> bool:
@@ -43,6 +85,7 @@ def resolve_model(
     token: str | None = None,
     cache_dir: str | None = None,
     want_onnx: bool = False,
+    dense_path: str | None = None,
 ) -> Path:
     """Return a local folder holding the model, downloading it from the Hub when needed."""
     local = Path(model_id).expanduser()
@@ -65,25 +108,43 @@ def resolve_model(
     except ImportError as exc:  # pragma: no cover - huggingface_hub is a dependency
         raise StartupError(f"huggingface_hub is needed to download {model_id}: {exc}") from exc
 
+    pinned = revision
+
     def fetch(patterns: list[str]) -> Path:
-        return Path(
+        nonlocal pinned
+        folder = Path(
             snapshot_download(
                 repo_id=model_id,
-                revision=revision,
+                revision=pinned,
                 token=token,
                 cache_dir=cache_dir,
                 allow_patterns=patterns,
             )
         )
+        # Later passes ask for the commit the first one got, even if a branch moves meanwhile.
+        pinned = folder.name
+        return folder
 
     try:
         patterns = _METADATA_PATTERNS + _SAFETENSORS_PATTERNS
         if want_onnx:
             patterns = patterns + _ONNX_PATTERNS
         folder = fetch(patterns)
-        if not _has_weights(folder):
-            log.info("no safetensors weights in %s, fetching PyTorch weights", model_id)
-            folder = fetch(_METADATA_PATTERNS + _PICKLE_PATTERNS)
+        # Module folders are known once modules.json is here: a second pass fetches them.
+        configs, weighted = module_folders(folder, dense_path)
+        if configs:
+            modules = [f"{sub}/config.json" for sub in configs]
+            for sub in weighted:
+                modules += _in(sub, _SAFETENSORS_PATTERNS)
+            folder = fetch(patterns + modules)
+        pickles = [sub for sub in ("", *weighted) if not _has_weights(folder / sub)]
+        if pickles:
+            log.info(
+                "no safetensors weights in %s for %s, fetching PyTorch weights",
+                model_id,
+                ", ".join(sub or "the encoder" for sub in pickles),
+            )
+            folder = fetch([p for sub in pickles for p in _in(sub, _PICKLE_PATTERNS)])
     except RevisionNotFoundError as exc:
         raise StartupError(f"model {model_id} has no revision {revision!r}") from exc
     except LocalEntryNotFoundError as exc:

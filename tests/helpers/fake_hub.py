@@ -22,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-LFS_SUFFIXES = (".safetensors", ".bin", ".onnx", ".msgpack", ".h5", ".ot")
+LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".onnx", ".msgpack", ".h5", ".ot")
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,9 @@ card's formula run on transformers' AutoModelForCausalLM (tests/helpers/llm_refe
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -107,4 +110,34 @@ def test_bad_set_ups_and_inputs(tmp_path: Path) -> None:
         r = post(srv, "/predict", {"inputs": "one text"})
         assert r.status_code == 422, r.text
         assert post(srv, "/embed", {"inputs": "a"}).status_code == 424
+        assert post(srv, "/embed_multi", {"inputs": "a"}).status_code == 424
+        # A prompt is not windowed: asking for it is a clear 422.
+        r = post(srv, "/rerank", {"query": "q", "texts": ["a"], "windowed": True})
+        assert r.status_code == 422 and "LLM reranker" in r.json()["error"], r.text
+        r = post(srv, "/v1/rerank", {"query": "q", "documents": ["a"], "max_chunks_per_doc": 3})
+        assert r.status_code == 422, r.text
         assert post(srv, "/rerank", {"query": "q", "texts": ["a"]}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--reranker-template", "{query} only"], "--reranker-template must contain"),
+        (["--windowed-inputs"], "--windowed-inputs does not apply to an LLM reranker"),
+    ],
+)
+def test_a_bad_set_up_is_one_start_up_line(tmp_path: Path, flags: list[str], message: str) -> None:
+    folder = make_llm_reranker(tmp_path / "tiny-reranker", "qwen3")
+    cmd = [sys.executable, "-m", "vectorpress", "serve", "--model-id", str(folder)]
+    done = subprocess.run(
+        [*cmd, "--hostname", "127.0.0.1", "--port", "0", *flags],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and message in errors[0], done.stderr[-2000:]
+    assert "Traceback" not in done.stderr

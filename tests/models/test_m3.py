@@ -155,21 +155,82 @@ def test_rerank_is_compute_score(
             assert abs(got[i] - score) <= 1e-5, f"{query!r} / text {i}: {got[i]} != {score}"
 
 
-def test_base64_float16_colbert(
-    m3_server: tuple[LiveServer, list[Counting]], reference: dict[str, Any]
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_base64_dense_and_colbert(
+    m3_server: tuple[LiveServer, list[Counting]], reference: dict[str, Any], dtype: str
 ) -> None:
     srv, _ = m3_server
-    body = {"inputs": [TEXTS[1]], "encoding_format": "base64", "dtype": "float16"}
+    body = {"inputs": [TEXTS[1]], "encoding_format": "base64", "dtype": dtype, "dense": True}
     r = post(srv, "/embed_multi", body)
     assert r.status_code == 200, r.text
     (item,) = r.json()
-    packed = item["colbert"]
-    assert packed["dtype"] == "float16"
-    array = np.frombuffer(base64.b64decode(packed["base64"]), dtype="<f2").reshape(packed["shape"])
-    assert_close_vectors(array, reference["colbert"][1], min_cos=0.999, what="float16")
+    wire = {"float32": "<f4", "float16": "<f2", "bfloat16": "<u2"}[dtype]
+    for name, want in (("dense", reference["dense"][1]), ("colbert", reference["colbert"][1])):
+        packed = item[name]
+        assert packed["dtype"] == dtype
+        array = np.frombuffer(base64.b64decode(packed["base64"]), wire).reshape(packed["shape"])
+        if dtype == "bfloat16":  # the upper half of a float32
+            array = (array.astype(np.uint32) << 16).view(np.float32)
+        vectors = array if name == "colbert" else array[None]
+        want_vectors = want if name == "colbert" else [want]
+        assert_close_vectors(vectors, want_vectors, min_cos=0.9999, what=f"{dtype} {name}")
 
 
-@pytest.mark.parametrize("weights", [[1.0, -1.0, 1.0], [0.0, 0.0, 0.0], [1.0, 1.0], ["x", 1, 1]])
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "binary", "ubinary"])
+def test_compact_dense_is_the_dialects(
+    m3_server: tuple[LiveServer, list[Counting]], dtype: str
+) -> None:
+    """A dense vector's compact encodings equal those /v1/embeddings gives the same text
+    (its calibrated int8/uint8 ranges, its sign bits); per-token vectors have no int8 ranges."""
+    srv, _ = m3_server
+    r = post(
+        srv, "/embed_multi", {"inputs": TEXTS[:2], "dense": True, "colbert": False, "dtype": dtype}
+    )
+    assert r.status_code == 200, r.text
+    r2 = post(srv, "/v1/embeddings", {"input": TEXTS[:2], "encoding_format": dtype})
+    assert r2.status_code == 200, r2.text
+    for item, data in zip(r.json(), r2.json()["data"], strict=True):
+        assert item["dense"] == data["embedding"]
+    if dtype in ("int8", "uint8"):
+        r = post(srv, "/embed_multi", {"inputs": "a", "dense": True, "dtype": dtype})
+        assert r.status_code == 422 and "per-token" in r.json()["error"], r.text
+
+
+def test_score_is_compute_score(
+    m3_server: tuple[LiveServer, list[Counting]], reference: dict[str, Any]
+) -> None:
+    srv, _ = m3_server
+    body = {"text_1": [q for q, _ in PAIRS], "text_2": [p for _, p in PAIRS]}
+    r = post(srv, "/score", body)
+    assert r.status_code == 200, r.text
+    for n, (item, want) in enumerate(zip(r.json()["data"], reference["scores"], strict=True)):
+        score = want["colbert+sparse+dense"]
+        assert abs(item["score"] - score) <= 1e-5, f"pair {n}: {item['score']} != {score}"
+
+
+def test_long_inputs_and_windows(m3_server: tuple[LiveServer, list[Counting]]) -> None:
+    srv, _ = m3_server
+    # Per-token outputs are never windowed; the dense route is.
+    r = post(srv, "/embed_multi", {"inputs": TEXTS[1], "windowed": True})
+    assert r.status_code == 422 and "windowed" in r.json()["error"], r.text
+    r = post(srv, "/rerank", {"query": "q", "texts": ["a"], "windowed": True})
+    assert r.status_code == 422, r.text
+    r = post(srv, "/embed", {"inputs": TEXTS[1], "windowed": True})
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize(
+    "weights",
+    [
+        [1.0, -1.0, 1.0],
+        [0.0, 0.0, 0.0],
+        [1.0, 1.0],
+        ["x", 1, 1],
+        [1e308, 1e308, 1e308],  # each finite, their sum not: every score would be NaN
+        [1.0, 1.0, 1.0, 1.0],
+        "NaN",
+    ],
+)
 def test_bad_weights_are_refused(
     m3_server: tuple[LiveServer, list[Counting]], weights: list[Any]
 ) -> None:

@@ -3,6 +3,7 @@ with sentence-transformers' own modules on the same folder."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 from pathlib import Path
 
@@ -94,6 +95,41 @@ def test_server_default_and_usage(tiny: Callable[..., Path]) -> None:
         assert r.json()["usage"]["prompt_tokens"] == tokens
 
 
+def test_the_openai_bodies_ask_for_windows(tiny: Callable[..., Path]) -> None:
+    """`windowed` / `window_overlap` on OpenAI's body (also Jina's, vLLM's and Infinity's
+    route), through the openai SDK's extra_body and on Infinity's /embeddings path."""
+    import openai
+
+    folder = tiny("bert", "embedding", "mean")
+    text = " ".join(mixed_texts(12, seed=2))
+    want = reference(folder, [text, "short"], 16)
+    with LiveServer(Settings.single(str(folder), auto_truncate=False)) as srv:
+        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="-", max_retries=0)
+        got = client.embeddings.create(
+            input=[text, "short"],
+            model="m",
+            extra_body={"windowed": True, "window_overlap": 16},
+        )
+        vectors = [d.embedding for d in got.data]
+        assert_close_vectors(vectors, want, max_abs=1e-5, what="openai windowed")
+        assert got.usage.prompt_tokens == sum(len(w) for w in windows(folder, text, 16)) + 3
+        body = {"input": text, "windowed": True, "window_overlap": 16, "encoding_format": "base64"}
+        r = httpx.post(f"{srv.url}/embeddings", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        vector = np.frombuffer(base64.b64decode(r.json()["data"][0]["embedding"]), "<f4")
+        assert_close_vectors([vector], want[:1], max_abs=1e-5, what="/embeddings base64")
+        # Without the field, --auto-truncate false refuses the long input as TEI does.
+        with pytest.raises(openai.APIStatusError) as refused:
+            client.embeddings.create(input=text, model="m")
+        assert refused.value.status_code in (413, 422)
+        r = httpx.post(
+            f"{srv.url}/v1/embeddings",
+            json={"input": text, "windowed": True, "window_overlap": MAX_LENGTH},
+            timeout=60,
+        )
+        assert r.status_code == 422, r.text
+
+
 def pair_windows(
     folder: Path, query: str, text: str, overlap: int, max_length: int
 ) -> list[list[int]]:
@@ -121,7 +157,7 @@ def test_long_documents_rerank_by_their_best_window(tiny: Callable[..., Path]) -
     query = "how do I open a file and read its lines?"
     texts = [" ".join(mixed_texts(16, seed=s)) for s in range(3, 8)] + ["Open it with open()."]
     model = CrossEncoder(str(folder), device="cpu")
-    want, later = [], 0
+    want, first, later = [], [], 0
     for text in texts:
         scores = []
         parts = pair_windows(folder, query, text, 32, 512)
@@ -131,12 +167,29 @@ def test_long_documents_rerank_by_their_best_window(tiny: Callable[..., Path]) -
                 logit = model.model(input_ids=torch.tensor([ids])).logits[0, 0]
             scores.append(float(torch.sigmoid(logit)))
         want.append(max(scores))
+        first.append(scores[0])
         later += max(scores) > scores[0] + 1e-3
     assert later, "no text has its best window after the first: the test could not fail"
-    with LiveServer(Settings.single(str(folder))) as srv:
+    # Cohere's body has no overlap: the server's --window-overlap applies to it.
+    with LiveServer(Settings.single(str(folder), window_overlap=32)) as srv:
         body = {"query": query, "texts": texts, "windowed": True, "window_overlap": 32}
         r = httpx.post(f"{srv.url}/rerank", json=body, timeout=60)
         assert r.status_code == 200, r.text
         got = {h["index"]: h["score"] for h in r.json()}
         for i, score in enumerate(want):
             assert abs(got[i] - score) <= 1e-4, f"text {i}: {got[i]} != {score}"
+        # Cohere's max_chunks_per_doc asks for windows and keeps each text's first ones: one
+        # window is the first window's score, enough of them the best window's.
+        for chunks, expected in ((1, first), (50, want)):
+            body = {"query": query, "documents": texts, "max_chunks_per_doc": chunks}
+            r = httpx.post(f"{srv.url}/v1/rerank", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            got = {h["index"]: h["relevance_score"] for h in r.json()["results"]}
+            for i, score in enumerate(expected):
+                assert abs(got[i] - score) <= 1e-4, f"{chunks} chunks, text {i}"
+        r = httpx.post(
+            f"{srv.url}/v1/rerank",
+            json={"query": query, "documents": texts, "max_chunks_per_doc": 0},
+            timeout=60,
+        )
+        assert r.status_code == 422 and "max_chunks_per_doc" in r.text, r.text

@@ -66,6 +66,25 @@ def test_pooling_methods_on_packed_states() -> None:
     torch.testing.assert_close(pool(hidden, seqs, "mean", [1]), hidden[2:].mean(0, keepdim=True))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_text_is_mean_pooled_as_in_a_batch(dtype: torch.dtype) -> None:
+    # One pooled text takes a slice's sum; a batch takes index_add_ over segment ids.
+    torch.manual_seed(0)
+    hidden = torch.randn(23, 384).to(dtype)
+    batch = PackedSequences(torch.tensor([0, 9, 23], dtype=torch.int32), 14)
+    together = pool(hidden, batch, "mean")
+    for i, (start, stop) in enumerate([(0, 9), (9, 23)]):
+        alone = PackedSequences(torch.tensor([0, stop - start], dtype=torch.int32), stop - start)
+        one = pool(hidden[start:stop], alone, "mean")
+        assert one.shape == (1, 384) and one.dtype == dtype
+        torch.testing.assert_close(one, together[i : i + 1])
+        torch.testing.assert_close(pool(hidden, batch, "mean", [i]), one, rtol=0, atol=0)
+        want = hidden[start:stop].double().mean(0, keepdim=True)
+        torch.testing.assert_close(
+            one.double(), want, **({} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-2})
+        )
+
+
 def test_a_filler_sequence_is_a_sequence_of_its_own() -> None:
     torch.manual_seed(0)
     cu = torch.tensor([0, 5, 8, 13], dtype=torch.int32)

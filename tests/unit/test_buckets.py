@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import random
 
-from vectorpress.backends.common.buckets import buckets
+import numpy as np
+
+from vectorpress.backends.common.buckets import buckets, padded_inputs
+from vectorpress.types import Batch
 
 
 def test_buckets_cover_every_input_once_and_beat_one_padded_batch() -> None:
@@ -30,3 +33,23 @@ def test_passes_keep_under_their_token_budget() -> None:
         assert all(max(lengths[i] for i in g) * len(g) <= 1024 for g in groups)
     # One input longer than the budget runs alone.
     assert buckets([300, 300, 5], max_tokens=256) == [[2], [0], [1]]
+
+
+def test_padded_inputs_hold_out_what_a_sequence_does_not_attend_to() -> None:
+    """ColBERT's held-out query expansion: the rows stay, the key mask stops at key_lengths."""
+    cu = np.array([0, 5, 7], dtype=np.int32)
+    batch = Batch(
+        input_ids=np.arange(1, 8, dtype=np.int64),
+        token_type_ids=np.zeros(7, dtype=np.int64),
+        position_ids=np.array([0, 1, 2, 3, 4, 0, 1], dtype=np.int64),
+        cu_seqlens=cu,
+        max_seqlen=5,
+        pooled_indices=(),
+        raw_indices=(),
+        key_lengths=np.array([3, 2], dtype=np.int32),
+    )
+    inputs = padded_inputs(batch, [0, 1])
+    assert inputs["input_ids"].tolist() == [[1, 2, 3, 4, 5], [6, 7, 0, 0, 0]]
+    assert inputs["attention_mask"].tolist() == [[1, 1, 1, 0, 0], [1, 1, 0, 0, 0]]
+    whole = padded_inputs(Batch(**{**batch.__dict__, "key_lengths": None}), [0, 1])
+    assert whole["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]

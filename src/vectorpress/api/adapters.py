@@ -104,11 +104,19 @@ async def rerank(
     raw_scores: bool = False,
     truncate: bool | None = None,
     direction: Truncation = Truncation.RIGHT,
+    max_windows: int | None = None,
+    priority: str | None = None,
 ) -> tuple[list[tuple[int, float]], Result[list[tuple[int, float]]]]:
     """(index, score) best first, at most `top_n`, and the pipeline's result."""
     keep = check_top_n(top_n, len(texts))
     result = await infer.rerank(
-        query, texts, truncate=truncate, direction=direction, raw_scores=raw_scores
+        query,
+        texts,
+        truncate=truncate,
+        direction=direction,
+        raw_scores=raw_scores,
+        max_windows=max_windows,
+        priority=priority,
     )
     return result.values[:keep], result
 

@@ -18,7 +18,13 @@ from vectorpress.api.metrics_route import router as metrics_router
 from vectorpress.api.native import schemas
 from vectorpress.api.native.classify import run_predict, run_rerank
 from vectorpress.api.native.dispatch import default_route
-from vectorpress.api.native.embed import run_embed, run_embed_all, run_embed_sparse, run_similarity
+from vectorpress.api.native.embed import (
+    run_embed,
+    run_embed_all,
+    run_embed_multi,
+    run_embed_sparse,
+    run_similarity,
+)
 from vectorpress.api.native.routes import health_router, router
 from vectorpress.api.openai.models import router as models_router
 from vectorpress.api.openai.routes import router as openai_router
@@ -35,6 +41,7 @@ def direct_routes() -> list[DirectRoute]:
         DirectRoute("/embed", schemas.EmbedRequest, run_embed),
         DirectRoute("/embed_all", schemas.EmbedAllRequest, run_embed_all),
         DirectRoute("/embed_sparse", schemas.EmbedSparseRequest, run_embed_sparse),
+        DirectRoute("/embed_multi", schemas.EmbedMultiRequest, run_embed_multi),
         DirectRoute("/similarity", schemas.SimilarityRequest, run_similarity),
         DirectRoute("/predict", schemas.PredictRequest, run_predict),
         DirectRoute("/rerank", schemas.RerankRequest, run_rerank),
@@ -82,7 +89,8 @@ def create_app(state: AppState) -> FastAPI:
         CORSMiddleware,
         allow_origins=["*"] if "*" in origins else origins,
         allow_methods=["GET", "POST"],
-        allow_headers=["content-type", "authorization"],
+        # x-model and x-priority: a browser may name the model and the lane as any client.
+        allow_headers=["content-type", "authorization", "x-model", "x-priority"],
     )
     if state.tracer is not None:
         from vectorpress.observability.middleware import TracingMiddleware

@@ -25,7 +25,7 @@ from vectorpress.api.errors import (
     vectorpress_error_response,
 )
 from vectorpress.api.headers import timing_headers
-from vectorpress.api.routing import SCOPE_KEY, resolve
+from vectorpress.api.routing import resolve
 from vectorpress.api.state import AppState, ModelState
 from vectorpress.core.infer import Result
 from vectorpress.errors import VectorpressError
@@ -98,7 +98,7 @@ class DirectRoutes:
                 handler = route.handler
             else:
                 name = None
-                if SCOPE_KEY not in scope and len(self.state.models) > 1:
+                if len(self.state.models) > 1:
                     name = _Named.model_validate_json(raw).model
                 model = resolve(self.state, scope, name)
                 body_type, handler = route.choose(model)

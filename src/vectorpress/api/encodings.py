@@ -12,8 +12,8 @@ normalization, as the pipeline returns them) and every encoding is one vectorize
 - `binary`, `ubinary`: one sign bit per dimension (value > 0), packed 8 per byte, most
   significant bit first; `binary` shifts each byte by -128 to an int8 (Cohere's convention).
 
-Any of them can go out as JSON numbers or as base64 of its little-endian bytes, one string per
-vector.
+Any of them can go out as JSON numbers or as base64 of its little-endian bytes: one string per
+vector, or (per-token vectors, /embed_multi) one string per matrix, row after row.
 """
 
 from __future__ import annotations
@@ -108,6 +108,12 @@ def to_base64(array: np.ndarray, dtype: str) -> list[str]:
     wire = array.astype(_LITTLE_ENDIAN[dtype], copy=False)
     encode = base64.b64encode
     return [encode(row.tobytes()).decode("ascii") for row in wire]
+
+
+def matrix_base64(array: np.ndarray, dtype: str) -> str:
+    """One standard base64 string of the whole array's little-endian bytes, row after row."""
+    wire = array.astype(_LITTLE_ENDIAN[dtype], copy=False)
+    return base64.b64encode(np.ascontiguousarray(wire).tobytes()).decode("ascii")
 
 
 def to_json(array: np.ndarray, dtype: str) -> np.ndarray:

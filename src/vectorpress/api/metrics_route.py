@@ -1,4 +1,8 @@
-"""GET /metrics, and the same page on its own listener when --prometheus-port is given."""
+"""GET /metrics, and the same page on its own listener when --prometheus-port is given.
+
+`/models/<name>/metrics` (or `/metrics` with an `x-model` header) is that model's series and
+the server-wide ones only: a scrape job per model, each series still labelled `model`.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from starlette.applications import Starlette
 from starlette.responses import Response
 from starlette.routing import Route
 
+from vectorpress.api.routing import model_for, named
 from vectorpress.api.state import get_state
 from vectorpress.core.metrics import CONTENT_TYPE, Registry
 from vectorpress.errors import StartupError
@@ -16,8 +21,8 @@ from vectorpress.errors import StartupError
 router = APIRouter()
 
 
-def _page(metrics: Registry) -> Response:
-    return Response(metrics.render(), headers={"content-type": CONTENT_TYPE})
+def _page(metrics: Registry, model: str | None = None) -> Response:
+    return Response(metrics.render(model), headers={"content-type": CONTENT_TYPE})
 
 
 @router.get(
@@ -28,7 +33,8 @@ def _page(metrics: Registry) -> Response:
     responses={200: {"content": {"text/plain": {}}}},
 )
 async def metrics(request: Request) -> Response:
-    return _page(get_state(request).registry)
+    model = model_for(request).name if named(request.scope) else None
+    return _page(get_state(request).registry, model)
 
 
 def metrics_app(metrics: Registry) -> Starlette:

@@ -277,8 +277,25 @@ _MODEL_LIST = {
                     "owned_by": {"type": "string"},
                     "kind": {
                         "type": "string",
-                        "enum": ["embedding", "sparse_embedding", "reranker", "classifier"],
+                        "enum": [
+                            "embedding",
+                            "sparse_embedding",
+                            "multi_vector_embedding",
+                            "reranker",
+                            "classifier",
+                        ],
                     },
+                    "family": {
+                        "anyOf": [
+                            {"type": "string", "enum": ["bge-m3", "colbert", "llm-reranker"]},
+                            {"type": "null"},
+                        ]
+                    },
+                    "outputs": _array(
+                        {"type": "string", "enum": ["dense", "sparse", "colbert", "scores"]}
+                    ),
+                    "capabilities": _array({"type": "string"}),
+                    "windowed_inputs": {"type": "boolean"},
                     "max_input_length": {"type": "integer"},
                     "aliases": _array({"type": "string"}),
                     "default": {"type": "boolean"},
@@ -293,6 +310,18 @@ _OK: dict[str, dict[str, Any]] = {
     "/embed": _array(_array(_NUMBER)),
     "/embed_all": _array(_array(_array(_NUMBER))),
     "/embed_sparse": _array(_array(_ref("SparseValue"))),
+    "/embed_multi": _array(
+        {
+            "type": "object",
+            "description": "The outputs asked for; `dense` and `colbert` as JSON numbers, or "
+            "with encoding_format base64 as {base64, shape, dtype}",
+            "properties": {
+                "dense": {"anyOf": [_array(_NUMBER), {"type": "object"}]},
+                "sparse": _array(_ref("SparseValue")),
+                "colbert": {"anyOf": [_array(_array(_NUMBER)), {"type": "object"}]},
+            },
+        }
+    ),
     "/similarity": _array(_NUMBER),
     "/predict": {"anyOf": [_array(_ref("Prediction")), _array(_array(_ref("Prediction")))]},
     "/rerank": {"anyOf": [_array(_ref("Rank")), _INFINITY_RERANK]},

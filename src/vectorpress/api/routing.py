@@ -1,15 +1,17 @@
-"""Which served model a request is for: a `/models/<name>/` path prefix, else the body's
-`model` field, else the default model.
+"""Which served model a request is for: a `/models/<name>/` path prefix, an `x-model` header
+(as gRPC's `x-model` metadata), the body's `model` field, else the default model.
 
 The prefix mounts every model's whole TEI route table, so a TEI client given the base URL
 `http://host/models/<name>` works unchanged. `PrefixRouting` strips the prefix before anything
 else sees the path (guards, the direct routes, FastAPI's router, error bodies), and leaves the
 name in the scope for `model_for` to resolve.
+
+The ways in must agree (see `resolve`): nothing is silently served by a model the caller did
+not mean.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,12 +20,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from vectorpress.api.state import AppState, ModelState, get_state
 from vectorpress.core.infer import Infer
-
-log = logging.getLogger(__name__)
+from vectorpress.errors import ModelConflictError
 
 PREFIX = "/models/"
 #: Where PrefixRouting leaves the name the path gave.
 SCOPE_KEY = "vectorpress.model"
+#: The request header that names the model, as gRPC's metadata key.
+HEADER = b"x-model"
 
 
 def split_prefix(path: str, names: tuple[str, ...]) -> tuple[str, str] | None:
@@ -61,23 +64,58 @@ class PrefixRouting:
         await self.app(scope, receive, send)
 
 
+def header_name(scope: Mapping[str, Any]) -> str | None:
+    """The `x-model` header's name, None when absent or blank."""
+    for key, value in scope.get("headers", ()):
+        if key == HEADER:
+            name = value.decode("latin-1").strip()
+            return name or None
+    return None
+
+
+def named(scope: Mapping[str, Any]) -> bool:
+    """Whether the path or the header names one model (`/health`, `/metrics`: that model's
+    rather than every model's)."""
+    return SCOPE_KEY in scope or header_name(scope) is not None
+
+
 def resolve(state: AppState, scope: Mapping[str, Any], model: str | None) -> ModelState:
-    """The model for a request: the path's name wins over the body's `model`."""
-    named = scope.get(SCOPE_KEY)
-    if named is None:
-        return state.models.get(model)
-    found = state.models.get(named)
-    if model is not None and model not in found.names:
-        # As TEI's OpenAI route does for a name that is not its own: served anyway, logged.
-        log.warning("the path names model %r, the body %r; serving %r", named, model, named)
+    """The model for a request, from its path prefix, `x-model` header and body `model`.
+
+    The path and the header name a model outright: an unknown name there is 404, and the two
+    naming different models is 400. The body's `model` picks the model when neither does;
+    when one does, the body must not name another served model (400), and a name nobody
+    serves is let through (OpenAI's SDKs send a `model` whatever the base URL). Aliases of
+    one model agree. With one model served any name is accepted, as in TEI.
+    """
+    models = state.models
+    ways = (("the path", scope.get(SCOPE_KEY)), ("the x-model header", header_name(scope)))
+    given = [(where, name) for where, name in ways if name is not None]
+    if not given:
+        return models.get(model)
+    where, name = given[0]
+    found = models.get(name)
+    for other_where, other in given[1:]:
+        if models.get(other) is not found:
+            raise _conflict(where, name, other_where, other)
+    if model is not None and model not in found.names and models.serves(model):
+        raise _conflict(where, name, "the body's `model`", model)
     return found
 
 
+def _conflict(where: str, name: str, other_where: str, other: str) -> ModelConflictError:
+    return ModelConflictError(
+        f"{where} names model {name!r} and {other_where} names model {other!r}: "
+        "name one model, or the same one each time"
+    )
+
+
 def model_for(request: Request, model: str | None = None) -> ModelState:
-    """The served model `request` is for (raises ModelNotFoundError for an unknown name)."""
+    """The served model `request` is for (raises ModelNotFoundError for an unknown name,
+    ModelConflictError when its path, header and body disagree)."""
     return resolve(get_state(request), request.scope, model)
 
 
 def infer_for(request: Request, model: str | None = None) -> Infer:
-    """The pipeline of the model `request` is for (raises ModelNotFoundError)."""
+    """The pipeline of the model `request` is for (raises as `model_for`)."""
     return model_for(request, model).infer

@@ -44,13 +44,16 @@ def select_backend(spec: ModelSpec, settings: ModelSettings) -> Backend:
             choice, why = "torch", f"model_type {spec.model_type!r} has a native packed model"
     else:
         why = "--backend asked for it"
-    if spec.llm_rerank is not None and choice != "torch":
+    # The transformers fallback runs whole HF heads; these kinds need heads of their own on
+    # the hidden states, which the native and ONNX backends apply.
+    if spec.llm_rerank is not None and choice not in ("torch", "onnx"):
         raise StartupError(
-            f"LLM rerankers run on the native decoders (--backend torch) only, not {choice}: {why}"
+            f"LLM rerankers run on --backend torch (the native decoders) or onnx, not {choice}: "
+            f"{why}"
         )
-    if spec.has_multi_vector and choice != "torch":
+    if spec.has_multi_vector and choice not in ("torch", "onnx"):
         raise StartupError(
-            f"multi-vector models (bge-m3, ColBERT) run on --backend torch only, not {choice}"
+            f"multi-vector models (bge-m3, ColBERT) run on --backend torch or onnx, not {choice}"
         )
     log.info("backend %s serves %s: %s", choice, spec.architecture, why)
     if choice == "torch":
@@ -67,4 +70,12 @@ def select_backend(spec: ModelSpec, settings: ModelSettings) -> Backend:
                 f"the onnx backend needs `pip install vectorpress[onnx]`: {exc}"
             ) from None
         return OnnxBackend(spec, **backend_args(settings))
+    if choice == "openvino":
+        try:
+            from vectorpress.backends.openvino.backend import OpenVinoBackend
+        except ImportError as exc:  # onnx (the graph's exporter) is an optional extra too
+            raise StartupError(
+                f"the openvino backend needs `pip install vectorpress[openvino]`: {exc}"
+            ) from None
+        return OpenVinoBackend(spec, **backend_args(settings))
     raise StartupError(f"unknown backend {choice}")

@@ -105,11 +105,17 @@ def colbert_encoding(enc: Encoding, colbert: ColbertSpec, is_query: bool) -> Enc
 
 def m3_weights(weights: Sequence[float] | None) -> tuple[float, float, float]:
     """A request's bge-m3 weights (dense, sparse, ColBERT), checked: three, none negative, not
-    all zero."""
+    all zero, with a finite sum (the score is divided by it)."""
     if weights is None:
         return postprocess.M3_DEFAULT_WEIGHTS
     values = tuple(float(w) for w in weights)
-    if len(values) != 3 or any(not np.isfinite(w) or w < 0 for w in values) or sum(values) <= 0:
+    total = sum(values)
+    if (
+        len(values) != 3
+        or any(not np.isfinite(w) or w < 0 for w in values)
+        or not np.isfinite(total)
+        or total <= 0
+    ):
         raise ValidationError(
             "Input validation error: `weights` must be three non-negative numbers (dense, "
             f"sparse, colbert) that do not sum to zero, got {list(weights)}"
@@ -490,13 +496,21 @@ class Infer:
         is_query: bool = True,
         wait_for_permits: bool = False,
         batch: bool | None = None,
+        windowed: bool | None = None,
+        priority: Lane | str | None = None,
     ) -> Result[list[MultiOutput]]:
         """Any of a multi-output model's dense vector, sparse weights and per-token (ColBERT)
         vectors, all from one forward pass per input. A ColBERT model encodes the inputs as
-        queries (prefix, expansion) or documents (prefix, skip-list) by `is_query`."""
+        queries (prefix, expansion) or documents (prefix, skip-list) by `is_query`.
+
+        Never windowed (`windowed=True` is refused; the server default does not apply): the
+        token vectors of overlapping windows would repeat the shared tokens in two contexts and
+        a query's expansion has no windows. A long document is split into passages, each
+        indexed on its own, as ColBERT indexes are built."""
 
         async def call() -> Result[list[MultiOutput]]:
             self._require_multi_vector()
+            self._refuse_windows(windowed)
             if not (dense or sparse or colbert):
                 raise ValidationError(
                     "Input validation error: ask for at least one of `dense`, `sparse` and "
@@ -514,6 +528,7 @@ class Infer:
                 OutputKind.MULTI,
                 "embed",
                 wait_for_permits,
+                priority,
             )
             out = []
             for v in self._kept_tokens(run, sides):
@@ -581,6 +596,15 @@ class Infer:
                 value = {**value, "colbert": value["colbert"][keep]}
             out.append(value)
         return out
+
+    def _refuse_windows(self, windowed: bool | None) -> None:
+        """Per-token outputs and LLM rerankers are not windowed: asking for it is a 422."""
+        if windowed:
+            what = "an LLM reranker's prompts" if self.spec.llm_rerank else "per-token vectors"
+            raise ValidationError(
+                f"Input validation error: `windowed` is not available for {what}; split long "
+                "documents into passages, or let them be truncated"
+            )
 
     def _require_multi_vector(self) -> None:
         if not self.spec.has_multi_vector:
@@ -677,6 +701,7 @@ class Infer:
         weights: Sequence[float] | None = None,
         windowed: bool | None = None,
         window_overlap: int | None = None,
+        max_windows: int | None = None,
         priority: Lane | str | None = None,
     ) -> Result[list[tuple[int, float]]]:
         """(index, score) of each text, best first; ties put the higher index first.
@@ -687,12 +712,31 @@ class Infer:
 
         `windowed` (a cross-encoder; the server's default when None): a text too long for the
         model's window with the query is scored window by window, and its score is the best
-        window's (Cohere's max over chunks).
+        window's (Cohere's max over chunks); `max_windows` keeps each text's first windows only
+        (Cohere's `max_chunks_per_doc`) and asks for windows by itself.
         """
+        if max_windows is not None:
+            windowed = True
 
         async def call() -> Result[list[tuple[int, float]]]:
+            if max_windows is not None and max_windows <= 0:
+                raise ValidationError(
+                    "Input validation error: `max_chunks_per_doc` must be a positive integer"
+                )
             if self.spec.has_multi_vector:
-                return await self._rerank_multi(query, texts, truncate, direction, weights)
+                self._refuse_windows(windowed)
+                if not texts:
+                    raise EmptyError("`texts` cannot be empty")
+                self.check_batch(len(texts), "texts")
+                scored = await self._score_multi(
+                    [query] * len(texts), texts, truncate, direction, weights, priority
+                )
+                ranked = [(i, scored.values[i]) for i in postprocess.rerank_order(scored.values)]
+                return Result(
+                    ranked, scored.chars, scored.tokens, scored.timings, lengths=scored.lengths
+                )
+            if self.spec.llm_rerank is not None:
+                self._refuse_windows(windowed)
             if weights is not None:
                 raise ValidationError("Input validation error: `weights` is for bge-m3 models only")
             if self.spec.kind != "reranker":
@@ -706,9 +750,12 @@ class Infer:
 
             async def encode() -> list[Encoding]:
                 if not use_windows or self.spec.llm_rerank is not None:
+                    # The server's default windows cross-encoders only (see _refuse_windows).
                     return await self._encode_pairs(pairs, truncate, direction)
                 overlap = self.window_overlap if window_overlap is None else window_overlap
                 windows = await self.tokenizers.encode_pair_windows(query, texts, overlap=overlap)
+                if max_windows is not None:
+                    windows = [w[:max_windows] for w in windows]
                 spans.extend(len(w) for w in windows)
                 return [e for w in windows for e in w]
 
@@ -752,35 +799,70 @@ class Infer:
             texts, prefix=llm.prefix, suffix=llm.suffix, truncate=self._truncate(truncate)
         )
 
-    async def _rerank_multi(
+    async def score_multi(
         self,
-        query: str,
-        texts: Sequence[str],
+        queries: Sequence[str],
+        documents: Sequence[str],
+        *,
+        truncate: bool | None = None,
+        direction: Truncation = Truncation.RIGHT,
+        weights: Sequence[float] | None = None,
+        priority: Lane | str | None = None,
+    ) -> Result[list[float]]:
+        """The late-interaction score of each (query, document) pair: a bge-m3 model's
+        weighted mean of its three scores (FlagEmbedding's compute_score), a ColBERT model's
+        MaxSim. Each distinct text is encoded once, queries as queries, documents as
+        documents."""
+
+        async def call() -> Result[list[float]]:
+            if not self.spec.has_multi_vector:
+                raise ModelTypeError(
+                    "Backend error: late-interaction scores need a bge-m3 or ColBERT model"
+                )
+            if not documents:
+                raise EmptyError("Input validation error: nothing to score")
+            self.check_batch(len(documents), "texts")
+            return await self._score_multi(
+                queries, documents, truncate, direction, weights, priority
+            )
+
+        return await self._request(len(documents), call, "predict", batch=True)
+
+    async def _score_multi(
+        self,
+        queries: Sequence[str],
+        documents: Sequence[str],
         truncate: bool | None,
         direction: Truncation,
         weights: Sequence[float] | None,
-    ) -> Result[list[tuple[int, float]]]:
+        priority: Lane | str | None,
+    ) -> Result[list[float]]:
         if self.spec.m3 is None and weights is not None:
             raise ValidationError("Input validation error: `weights` is for bge-m3 models only")
         mode = m3_weights(weights)
-        if not texts:
-            raise EmptyError("`texts` cannot be empty")
-        self.check_batch(len(texts), "texts")
-        everything = [query, *texts]
-        sides = [True] + [False] * len(texts)
+        distinct_q = list(dict.fromkeys(queries))
+        distinct_d = list(dict.fromkeys(documents))
+        everything = [*distinct_q, *distinct_d]
+        sides = [True] * len(distinct_q) + [False] * len(distinct_d)
         run = await self._run(
             len(everything),
             lambda: self._encode_multi(everything, sides, truncate, direction),
             OutputKind.MULTI,
             "predict",
+            False,
+            priority,
         )
-        q, *passages = self._kept_tokens(run, sides)
-        if self.spec.m3 is not None:
-            scores = [postprocess.m3_scores(q, p, mode)["colbert+sparse+dense"] for p in passages]
-        else:
-            scores = [postprocess.maxsim(q["colbert"], p["colbert"]) for p in passages]
-        ranked = [(i, scores[i]) for i in postprocess.rerank_order(scores)]
-        return self._result(ranked, run, self._chars(everything))
+        values = self._kept_tokens(run, sides)
+        q_out = dict(zip(distinct_q, values[: len(distinct_q)], strict=True))
+        d_out = dict(zip(distinct_d, values[len(distinct_q) :], strict=True))
+        scores = []
+        for query, document in zip(queries, documents, strict=True):
+            q, p = q_out[query], d_out[document]
+            if self.spec.m3 is not None:
+                scores.append(postprocess.m3_scores(q, p, mode)["colbert+sparse+dense"])
+            else:
+                scores.append(postprocess.maxsim(q["colbert"], p["colbert"]))
+        return self._result(scores, run, self._chars(everything))
 
     # -- tokenizer routes ----------------------------------------------------------------------
 

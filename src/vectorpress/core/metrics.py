@@ -239,8 +239,9 @@ class Registry:
         with self._lock:
             return self._values.get(name, {}).get(key, 0.0)
 
-    def render(self) -> str:
-        """Prometheus text exposition format 0.0.4."""
+    def render(self, model: str | None = None) -> str:
+        """Prometheus text exposition format 0.0.4: every series, or with `model` that
+        model's and the server-wide ones (those without a `model` label)."""
         # Read outside the lock: a callback may take it (tokens per second does).
         gauges = {
             name: {key: float(read()) for key, read in series.items()}
@@ -256,6 +257,8 @@ class Registry:
                 lines.append(f"# TYPE {name} {metric.kind}")
                 if metric.kind == "histogram":
                     for labels, hist in sorted(self._histograms.get(name, {}).items()):
+                        if not _belongs(labels, model):
+                            continue
                         cumulative = 0
                         for bound, count in zip(hist.buckets, hist.counts, strict=False):
                             cumulative += count
@@ -268,7 +271,8 @@ class Registry:
                         lines.append(f"{name}_count{_labels(labels)} {hist.count}")
                 else:
                     for labels, value in sorted(self._values.get(name, {}).items()):
-                        lines.append(f"{name}{_labels(labels)} {_fmt(value)}")
+                        if _belongs(labels, model):
+                            lines.append(f"{name}{_labels(labels)} {_fmt(value)}")
         return "\n".join(lines) + ("\n" if lines else "")
 
 
@@ -383,6 +387,14 @@ _LABELLED = ("te_request_count", "te_request_success", "te_request_failure")
 
 #: The content type of `render()`'s output.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _belongs(labels: Labels, model: str | None) -> bool:
+    """Whether a series is on the page of `model` (None: the whole page)."""
+    if model is None:
+        return True
+    named = dict(labels).get("model")
+    return named is None or named == model
 
 
 def _fmt(value: float) -> str:

@@ -51,6 +51,10 @@ class Models(Generic[M]):
         """Every name and alias, longest first (how a path prefix is matched)."""
         return tuple(sorted(self._by_name, key=len, reverse=True))
 
+    def serves(self, name: str) -> bool:
+        """Whether `name` is one of the served names or aliases."""
+        return name in self._by_name
+
     def get(self, name: str | None) -> M:
         """The model `name` routes to; None is the default one."""
         if name is None:

@@ -81,7 +81,8 @@ def _model_spec(settings: ModelSettings) -> Any:
         settings.revision,
         settings.hf_token,
         settings.huggingface_hub_cache,
-        want_onnx=settings.backend == "onnx",
+        want_onnx=settings.backend in ("onnx", "openvino"),
+        dense_path=settings.dense_path,
     )
     return load_model_spec(folder, settings)
 

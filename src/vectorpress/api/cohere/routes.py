@@ -15,7 +15,8 @@ from starlette.responses import Response
 from vectorpress.api import adapters
 from vectorpress.api.cohere.schemas import EmbedBody, RerankBody
 from vectorpress.api.headers import timing_headers
-from vectorpress.api.native.common import json_response
+from vectorpress.api.native.common import json_response, priority_header
+from vectorpress.api.native.schemas import lane_name
 from vectorpress.api.routing import infer_for
 from vectorpress.errors import EmptyError, ValidationError
 
@@ -40,7 +41,13 @@ async def rerank(body: RerankBody, request: Request, version: str) -> Response:
     texts = [adapters.document_text(d, body.rank_fields) for d in body.documents]
     texts = await adapters.cut_to_tokens(infer, texts, body.max_tokens_per_doc)
     ranked, result = await adapters.rerank(
-        infer, body.query, texts, top_n=body.top_n, raw_scores=body.use_activation is False
+        infer,
+        body.query,
+        texts,
+        top_n=body.top_n,
+        raw_scores=body.use_activation is False,
+        max_windows=body.max_chunks_per_doc,
+        priority=lane_name(body.priority, priority_header(request)),
     )
     results = []
     for i, score in ranked:

@@ -9,6 +9,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
+from vectorpress.api.native.schemas import Priority
+
 InputType = Literal["search_document", "search_query", "classification", "clustering", "image"]
 Truncate = Literal["NONE", "START", "END"]
 
@@ -45,6 +47,15 @@ class RerankBody(BaseModel):
     )
     use_activation: StrictBool | None = Field(
         None, description="vLLM: false answers the model's raw scores instead of sigmoid"
+    )
+    max_chunks_per_doc: StrictInt | None = Field(
+        None,
+        description="Cohere v1: score a document too long for the model's window by its best "
+        "window (the query whole in each, windows sharing --window-overlap tokens), of at most "
+        "this many first windows; cross-encoders only (absent: the server's --windowed-inputs)",
+    )
+    priority: Priority | None = Field(
+        None, description="Extension: the lane (interactive or bulk); overrides `x-priority`"
     )
 
 

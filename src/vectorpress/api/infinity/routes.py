@@ -11,7 +11,8 @@ from starlette.responses import Response
 from vectorpress.api import adapters
 from vectorpress.api.headers import timing_headers
 from vectorpress.api.infinity.schemas import InfinityClassifyRequest, InfinityRerankRequest
-from vectorpress.api.native.common import json_response
+from vectorpress.api.native.common import json_response, priority_header
+from vectorpress.api.native.schemas import lane_name
 from vectorpress.api.routing import infer_for
 from vectorpress.core.infer import Result
 
@@ -29,7 +30,12 @@ def _envelope(request: Request, model: str | None, obj: str, result: Result[Any]
 async def rerank(body: InfinityRerankRequest, request: Request) -> Response:
     infer = infer_for(request, body.model)
     ranked, result = await adapters.rerank(
-        infer, body.query, body.documents, top_n=body.top_n, raw_scores=body.raw_scores
+        infer,
+        body.query,
+        body.documents,
+        top_n=body.top_n,
+        raw_scores=body.raw_scores,
+        priority=lane_name(body.priority, priority_header(request)),
     )
     results = [
         {

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
+from vectorpress.api.native.schemas import Priority
+
 
 class InfinityRerankRequest(BaseModel):
     model_config = ConfigDict(
@@ -21,6 +23,9 @@ class InfinityRerankRequest(BaseModel):
     return_documents: StrictBool = False
     raw_scores: StrictBool = False
     top_n: StrictInt | None = Field(None, description="How many results, best first; all if absent")
+    priority: Priority | None = Field(
+        None, description="Extension: the lane (interactive or bulk); overrides `x-priority`"
+    )
 
 
 class InfinityClassifyRequest(BaseModel):

@@ -1,14 +1,14 @@
-"""/embed, /embed_all, /embed_sparse and /similarity."""
+"""/embed, /embed_all, /embed_sparse, /embed_multi and /similarity."""
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from vectorpress.api import encodings
 from vectorpress.api.headers import timing_headers
 from vectorpress.api.native.common import json_answer, priority_header
 from vectorpress.api.native.schemas import (
@@ -22,7 +22,9 @@ from vectorpress.api.native.schemas import (
 )
 from vectorpress.api.routing import model_for
 from vectorpress.api.state import ModelState
+from vectorpress.core.calibration import Calibration
 from vectorpress.core.infer import Result
+from vectorpress.errors import ValidationError
 from vectorpress.types import MultiOutput
 
 router = APIRouter(tags=["Text Embeddings Inference"])
@@ -83,30 +85,53 @@ async def run_embed_sparse(
     return payload, result
 
 
-def _vectors(array: np.ndarray, body: EmbedMultiRequest) -> Any:
-    array = array.astype(np.float16 if body.dtype == "float16" else np.float32)
+def _vectors(array: np.ndarray, body: EmbedMultiRequest, calibration: Calibration | None) -> Any:
+    """One output (a dense vector, or a text's per-token matrix) in the body's encoding, by the
+    shared encoder every dialect uses."""
+    converted = encodings.convert(
+        array.astype(np.float32, copy=False), body.dtype, calibration, normalize=body.normalize
+    )
     if body.encoding_format == "base64":
-        data = base64.b64encode(array.astype(array.dtype.newbyteorder("<")).tobytes()).decode()
-        return {"base64": data, "shape": list(array.shape), "dtype": body.dtype}
-    return array.astype(np.float32)
+        return {
+            "base64": encodings.matrix_base64(converted, body.dtype),
+            "shape": list(converted.shape),
+            "dtype": body.dtype,
+        }
+    return encodings.to_json(converted, body.dtype)
 
 
-def multi_payload(out: MultiOutput, body: EmbedMultiRequest) -> dict[str, Any]:
+def multi_payload(
+    out: MultiOutput, body: EmbedMultiRequest, calibration: Calibration | None = None
+) -> dict[str, Any]:
     item: dict[str, Any] = {}
     if out.dense is not None:
-        item["dense"] = _vectors(out.dense, body)
+        item["dense"] = _vectors(out.dense, body, calibration)
     if out.sparse is not None:
         ids, weights = out.sparse
         item["sparse"] = [
             {"index": i, "value": v} for i, v in zip(ids.tolist(), weights, strict=True)
         ]
     if out.colbert is not None:
-        item["colbert"] = _vectors(out.colbert, body)
+        item["colbert"] = _vectors(out.colbert, body, None)
     return item
 
 
-async def run_embed_multi(state: ModelState, body: EmbedMultiRequest) -> tuple[Any, Result[Any]]:
+def check_multi_dtype(body: EmbedMultiRequest) -> None:
+    """int8/uint8 levels come from ranges calibrated on pooled vectors: a dense output has
+    them, per-token vectors do not (their spread differs), so those are refused up front."""
+    if body.colbert and body.dtype in encodings.QUANTIZED:
+        raise ValidationError(
+            f"Input validation error: `{body.dtype}` is not available for per-token (ColBERT) "
+            "vectors; use float32, float16, bfloat16, binary or ubinary"
+        )
+
+
+async def run_embed_multi(
+    state: ModelState, body: EmbedMultiRequest, priority: str | None = None
+) -> tuple[Any, Result[Any]]:
     inputs, is_batch = as_batch(body.inputs)
+    if state.infer.spec.has_multi_vector:
+        check_multi_dtype(body)
     result = await state.infer.embed_multi(
         inputs,
         batch=is_batch,
@@ -118,8 +143,11 @@ async def run_embed_multi(state: ModelState, body: EmbedMultiRequest) -> tuple[A
         truncate=body.truncate,
         direction=to_truncation(body.truncation_direction),
         prompt_name=body.prompt_name,
+        windowed=body.windowed,
+        priority=body.lane(priority),
     )
-    return [multi_payload(v, body) for v in result.values], result
+    calibration = state.infer.calibration
+    return [multi_payload(v, body, calibration) for v in result.values], result
 
 
 async def run_similarity(
@@ -167,7 +195,9 @@ async def embed_sparse(body: EmbedSparseRequest, request: Request) -> Response:
     "dense, sparse and ColBERT outputs from one forward pass",
 )
 async def embed_multi(body: EmbedMultiRequest, request: Request) -> Response:
-    payload, result = await run_embed_multi(model_for(request, body.model), body)
+    payload, result = await run_embed_multi(
+        model_for(request, body.model), body, priority_header(request)
+    )
     return await json_answer(payload, timing_headers(result))
 
 

@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
+from vectorpress.api.encodings import Dtype
 from vectorpress.core.tokenization import PairInput
 from vectorpress.errors import ValidationError
 from vectorpress.types import Truncation
@@ -66,8 +67,17 @@ class _Body(BaseModel):
     """Which served model answers (its name or an alias); the default model when absent."""
 
 
-#: Which lane a request's inputs wait in; absent, its size decides (see LanePolicy).
-Priority = Literal["interactive", "bulk"]
+#: Which lane a request's inputs wait in; absent, its size decides (see LanePolicy). vLLM's
+#: clients send an integer (lower runs earlier, 0 by default), so one is taken too: below 0 is
+#: interactive, above 0 bulk, and 0 leaves the choice to the request's size or header.
+Priority = Literal["interactive", "bulk"] | StrictInt
+
+
+def lane_name(priority: Priority | None, header: str | None) -> str | None:
+    """The lane a body's `priority` names, else the `x-priority` header's."""
+    if isinstance(priority, int):
+        return "interactive" if priority < 0 else "bulk" if priority > 0 else header
+    return priority or header
 
 
 class Prioritized(_Body):
@@ -76,7 +86,7 @@ class Prioritized(_Body):
     priority: Priority | None = None
 
     def lane(self, header: str | None) -> str | None:
-        return self.priority or header
+        return lane_name(self.priority, header)
 
 
 def _example(example: dict[str, Any]) -> ConfigDict:
@@ -115,7 +125,7 @@ class EmbedSparseRequest(EmbedAllRequest):
     pass
 
 
-class EmbedMultiRequest(_Body):
+class EmbedMultiRequest(Prioritized):
     model_config = _example(
         {"inputs": ["What is BGE M3?"], "dense": True, "sparse": True, "colbert": True}
     )
@@ -127,13 +137,20 @@ class EmbedMultiRequest(_Body):
     normalize: StrictBool = True
     """Normalize the dense vector (per-token vectors always are, as the models train them)."""
     encoding_format: Literal["float", "base64"] = "float"
-    """base64: each text's per-token vectors as one little-endian array, row after row."""
-    dtype: Literal["float32", "float16"] = "float32"
+    """base64: each output as one object `{base64, shape, dtype}`, the base64 of its
+    little-endian array in `dtype` (a text's per-token vectors row after row)."""
+    dtype: Dtype = "float32"
+    """The value type (api/encodings.py, as the dialects' `embed_dtype`): float32, float16,
+    bfloat16, binary or ubinary (packed sign bits: `shape` counts bytes); int8 and uint8 for a
+    bge-m3 dense vector only (their ranges are calibrated on pooled vectors)."""
     is_query: StrictBool = True
     """ColBERT: encode as queries (prefix, expansion to the query length) or documents."""
     truncate: StrictBool | None = None
     truncation_direction: Direction = "Right"
     prompt_name: StrictStr | None = None
+    windowed: StrictBool | None = None
+    """Refused when true: per-token vectors are not windowed (split a long document into
+    passages); the server's --windowed-inputs does not apply here."""
 
 
 class SimilarityInput(_Body):

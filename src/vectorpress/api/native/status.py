@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from vectorpress.api.native.common import json_response
-from vectorpress.api.routing import SCOPE_KEY, model_for
+from vectorpress.api.routing import model_for, named
 from vectorpress.api.state import get_state
 from vectorpress.errors import UnhealthyError
 
@@ -23,7 +23,7 @@ async def info(request: Request) -> Response:
 
 
 async def _health(request: Request) -> Response:
-    if SCOPE_KEY in request.scope:  # /models/<name>/health: that model alone
+    if named(request.scope):  # /models/<name>/health or an x-model header: that model alone
         healthy = await model_for(request).infer.health()
     else:  # every model must answer
         models = get_state(request).models

@@ -10,6 +10,7 @@ from starlette.responses import Response
 
 from vectorpress.api.native.common import json_response
 from vectorpress.api.state import AppState, ModelState, get_state
+from vectorpress.model_spec import ModelSpec
 
 router = APIRouter(tags=["OpenAI"])
 
@@ -19,6 +20,26 @@ _CAPABILITIES = {
     "reranker": ["rerank", "classify"],
     "classifier": ["classify"],
 }
+#: The kinds TEI lacks, by ModelSpec.family: what each serves (the other routes answer 424).
+_FAMILY_CAPABILITIES = {
+    "bge-m3": ["embed", "embed_sparse", "embed_multi", "rerank", "score"],
+    "colbert": ["embed_multi", "rerank", "score"],
+    # Pairs only: /predict on (query, document) pairs, /rerank and the score routes.
+    "llm-reranker": ["rerank", "score"],
+}
+
+
+def kind(spec: ModelSpec) -> str:
+    """What the listing calls a model: a ColBERT model has no pooled vector to embed with."""
+    if spec.colbert is not None:
+        return "multi_vector_embedding"
+    return "sparse_embedding" if spec.is_splade else spec.kind
+
+
+def capabilities(spec: ModelSpec) -> list[str]:
+    if spec.family is not None:
+        return list(_FAMILY_CAPABILITIES[spec.family])
+    return list(_CAPABILITIES.get(spec.kind, []))
 
 
 def model_object(state: AppState, model: ModelState) -> dict[str, Any]:
@@ -29,7 +50,9 @@ def model_object(state: AppState, model: ModelState) -> dict[str, Any]:
         "created": state.created,
         "owned_by": "vectorpress",
         # Beyond OpenAI's four fields: what a client needs to pick a model and size its input.
-        "kind": "sparse_embedding" if spec.is_splade else spec.kind,
+        "kind": kind(spec),
+        "family": spec.family,
+        "outputs": list(spec.outputs),
         "max_input_length": spec.max_input_length,
         "aliases": list(model.settings.aliases),
         "default": model is state.default,
@@ -39,7 +62,8 @@ def model_object(state: AppState, model: ModelState) -> dict[str, Any]:
         "max_model_len": spec.max_input_length,
         "permission": [],
         "backend": model.backend_name,
-        "capabilities": _CAPABILITIES.get(spec.kind, []),
+        "capabilities": capabilities(spec),
+        "windowed_inputs": model.settings.windowed_inputs and spec.windows,
         "stats": {
             "queue_fraction": 0.0,
             "queue_absolute": len(model.infer.queue),

@@ -92,6 +92,8 @@ async def run_embeddings(
         normalize=normalize,
         dimensions=body.dimensions,
         batch=is_batch,
+        windowed=body.windowed,
+        window_overlap=body.window_overlap,
         priority=body.lane(priority),
     )
     embeddings: Any

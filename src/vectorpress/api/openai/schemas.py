@@ -50,6 +50,17 @@ class EmbeddingsRequest(Prioritized):
     normalized: StrictBool | None = Field(
         None, description="Extension (Jina's): false answers vectors as pooled, unnormalized"
     )
+    windowed: StrictBool | None = Field(
+        None,
+        description="Extension (vectorpress's, as /embed's): embed an input longer than the "
+        "model's window as overlapping windows pooled by token-weighted mean, then normalized "
+        "(vLLM's chunked processing), instead of truncating or refusing it; usage counts every "
+        "window's tokens. Absent: the server's --windowed-inputs",
+    )
+    window_overlap: StrictInt | None = Field(
+        None,
+        description="Extension: tokens consecutive windows share (absent: --window-overlap)",
+    )
     embedding_type: JinaEmbeddingType | None = Field(
         None,
         description="Extension (Jina's): float, base64 (of float32), binary or ubinary (packed "

@@ -11,7 +11,8 @@ from starlette.responses import Response
 
 from vectorpress.api import adapters
 from vectorpress.api.headers import timing_headers
-from vectorpress.api.native.common import json_response
+from vectorpress.api.native.common import json_response, priority_header
+from vectorpress.api.native.schemas import lane_name
 from vectorpress.api.routing import infer_for
 from vectorpress.api.vllm.schemas import DetokenizeRequest, ScoreRequest, VllmClassifyRequest
 from vectorpress.core import postprocess
@@ -72,19 +73,29 @@ def usage(result: Result[Any]) -> dict[str, int]:
 
 
 async def _scores(
-    infer: Infer, body: ScoreRequest, lefts: list[str], rights: list[str]
+    infer: Infer, body: ScoreRequest, lefts: list[str], rights: list[str], priority: str | None
 ) -> tuple[list[float], Result[Any]]:
     truncate = _truncate(body.truncate_prompt_tokens)
     if infer.spec.kind == "reranker":
         inputs: list[PairInput] = list(zip(lefts, rights, strict=True))
         predicted = await infer.predict(
-            inputs, truncate=truncate, raw_scores=body.use_activation is False, batch=True
+            inputs,
+            truncate=truncate,
+            raw_scores=body.use_activation is False,
+            batch=True,
+            priority=priority,
         )
         return [one[0][1] for one in predicted.values], predicted
+    if infer.spec.has_multi_vector:
+        # As /rerank scores them: bge-m3's combined score, a ColBERT model's MaxSim.
+        late = await infer.score_multi(lefts, rights, truncate=truncate, priority=priority)
+        return late.values, late
     if infer.spec.kind == "embedding":
         # Cosine of the pooled vectors, each distinct text embedded once.
         texts = list(dict.fromkeys([*lefts, *rights]))
-        embedded = await infer.embed(texts, truncate=truncate, normalize=False, batch=True)
+        embedded = await infer.embed(
+            texts, truncate=truncate, normalize=False, batch=True, priority=priority
+        )
         vectors = dict(zip(texts, embedded.values, strict=True))
         cosines = [
             postprocess.cosine(vectors[a], vectors[b]) for a, b in zip(lefts, rights, strict=True)
@@ -93,11 +104,17 @@ async def _scores(
     raise ModelTypeError("Backend error: scores need a re-ranker or an embedding model")
 
 
-@router.post("/score", summary="vLLM score: a cross-encoder's pair scores, or an embedder's cosine")
+@router.post(
+    "/score",
+    summary="vLLM score: a cross-encoder's pair scores, an embedder's cosine, or a bge-m3 or "
+    "ColBERT model's late-interaction score",
+)
 async def score(body: ScoreRequest, request: Request) -> Response:
     infer = infer_for(request, body.model)
     lefts, rights = pairs(body)
-    scores, result = await _scores(infer, body, lefts, rights)
+    scores, result = await _scores(
+        infer, body, lefts, rights, lane_name(body.priority, priority_header(request))
+    )
     payload = {
         "id": adapters.new_id("score-"),
         "object": "list",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from vectorpress.api.native.schemas import TokenId
+from vectorpress.api.native.schemas import Priority, TokenId
 
 Texts = StrictStr | list[StrictStr]
 
@@ -35,6 +35,9 @@ class ScoreRequest(BaseModel):
     )
     truncate_prompt_tokens: StrictInt | None = Field(
         None, description="-1 truncates each pair to the model's maximum length"
+    )
+    priority: Priority | None = Field(
+        None, description="Extension: the lane (interactive or bulk); overrides `x-priority`"
     )
 
 

@@ -69,7 +69,8 @@ def padded_inputs(
 ) -> dict[str, np.ndarray]:
     """The inputs of `group`'s texts, padded on the right to the longest of them: every input
     an encoder may take (the caller keeps those its model takes); token types all 0 unless
-    `token_types` (see ModelSpec.has_token_types)."""
+    `token_types` (see ModelSpec.has_token_types); the attention mask covers each text's key
+    length (`Batch.key_lengths`)."""
     cu = batch.cu_seqlens
     width = max(int(cu[i + 1] - cu[i]) for i in group)
     ids = np.full((len(group), width), pad_id, dtype=np.int64)
@@ -82,7 +83,10 @@ def padded_inputs(
         if token_types:
             types[row, : e - s] = batch.token_type_ids[s:e]
         positions[row, : e - s] = batch.position_ids[s:e]
-        mask[row, : e - s] = 1
+        # A padded graph's key mask: the tokens past a sequence's key length (ColBERT's
+        # held-out query expansion) are still computed, but nothing attends to them.
+        keys = e - s if batch.key_lengths is None else int(batch.key_lengths[i])
+        mask[row, :keys] = 1
     return {
         "input_ids": ids,
         "attention_mask": mask,

@@ -15,15 +15,19 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from vectorpress.backends.common.buckets import buckets, padded_inputs
 from vectorpress.backends.common.cache import build_cache
 from vectorpress.backends.common.dense import load_dense
+from vectorpress.backends.common.multivector import colbert_outputs, load_m3_heads, m3_outputs
 from vectorpress.backends.common.pooling import (
     pool,
+    rows_of,
     splade_block_rows,
     splade_from_logits,
     splade_vectors,
@@ -57,6 +61,30 @@ def find_onnx_file(folder: Path) -> Path | None:
     return next((folder / n for n in ONNX_FILES if (folder / n).is_file()), None)
 
 
+def check_expansion_window(spec: ModelSpec) -> None:
+    """Refuse a ColBERT model whose held-out query expansion reaches past its encoder's local
+    attention window (ModernBERT's `local_attention`).
+
+    A token of a sliding-window layer attends to the keys within half a window of it; an
+    expansion token further than that from the query's last real token has no key left (the
+    others are held out), and such a row comes out of the exported graph's padded eager
+    attention differently from the reference's (and the native backend's): it cannot be
+    served alike, so it is not served at all."""
+    colbert = spec.colbert
+    if colbert is None or not colbert.expansion or colbert.attend_to_expansion:
+        return
+    window = spec.config.get("local_attention")
+    half = int(window) // 2 if window else int(spec.config.get("sliding_window") or 0)
+    # The shortest query holds 3 real tokens (CLS, the prefix, SEP).
+    if half and colbert.query_length - 1 >= 3 + half:
+        raise StartupError(
+            f"--backend onnx cannot serve this ColBERT model: its query length "
+            f"{colbert.query_length} reaches past the encoder's local attention window (half "
+            f"{half}), where held-out expansion tokens see no real token; serve it with "
+            "--backend torch"
+        )
+
+
 def onnx_graph(spec: ModelSpec, cache_dir: Path) -> Path:
     """The checkpoint's own graph, or one exported from its weights (once, then cached)."""
     shipped = find_onnx_file(spec.path)
@@ -64,7 +92,8 @@ def onnx_graph(spec: ModelSpec, cache_dir: Path) -> Path:
         return shipped
     from vectorpress.backends.onnx.export import cached_graph
 
-    kind = "embedding" if spec.kind == "embedding" else "classifier"
+    # An LLM reranker's graph is its decoder's hidden states: the answer head runs here.
+    kind = "embedding" if spec.kind == "embedding" or spec.llm_rerank else "classifier"
     if spec.is_splade and not native_mlm_head(spec):
         kind = "mlm"  # the graph ends in the head's scores; else the head runs in torch
     return cached_graph(spec.path, kind, cache_dir)
@@ -104,6 +133,7 @@ class OnnxBackend:
     # tokens as it does for the packed torch backend.
     is_padded = False
     max_batch_size: int | None = None
+    pass_tokens = PASS_TOKENS
 
     def __init__(
         self,
@@ -131,6 +161,7 @@ class OnnxBackend:
         if int8 and device == "cuda":
             raise StartupError("--dtype int8 runs on the CPU only")
         self.spec = spec
+        check_expansion_window(spec)
         self.path = onnx_graph(spec, cache_dir)
         self.dtype = "float32"
         options = ort.SessionOptions()
@@ -155,13 +186,22 @@ class OnnxBackend:
             self.session = ort.InferenceSession(str(self.path), options, providers=providers)
         except Exception as exc:  # onnxruntime raises its own exception types
             raise StartupError(f"cannot load {self.path}: {exc}") from exc
-        self.inputs = {i.name for i in self.session.get_inputs()}
-        missing = {"input_ids", "attention_mask"} - self.inputs
+        self._heads(
+            {i.name for i in self.session.get_inputs()},
+            {o.name: o.shape for o in self.session.get_outputs()},
+        )
+        log.info("onnx graph %s, providers %s", self.path, self.session.get_providers())
+
+    def _heads(self, inputs: set[str], outputs: dict[str, Any]) -> None:
+        """Check the graph's inputs, pick its output and set up what runs after it (Dense
+        modules, a masked-LM head for SPLADE): `outputs` maps each output's name to its shape."""
+        spec = self.spec
+        self.inputs = inputs
+        missing = {"input_ids", "attention_mask"} - inputs
         if missing:
             raise StartupError(f"{self.path} lacks the inputs {sorted(missing)}")
-        outputs = [o.name for o in self.session.get_outputs()]
         want: tuple[str, ...]
-        if spec.kind == "embedding":
+        if spec.kind == "embedding" or spec.llm_rerank is not None:
             want = ("last_hidden_state", "token_embeddings")
             # A SPLADE graph as exporters write one: the masked-LM head's scores per token.
             want += ("logits",) if spec.is_splade else ()
@@ -169,8 +209,17 @@ class OnnxBackend:
             want = ("logits",)
         self.output = next((name for name in want if name in outputs), None)
         if self.output is None:
-            raise StartupError(f"{self.path} has none of the outputs {list(want)}: {outputs}")
+            raise StartupError(f"{self.path} has none of the outputs {list(want)}: {list(outputs)}")
         self.dense = [load_dense(d).eval() for d in spec.dense]
+        # The heads that read every token's hidden state (bge-m3's, ColBERT's projection) and
+        # an LLM reranker's one-row answer head run in torch, as the native backend's do.
+        self.m3 = load_m3_heads(spec.m3, spec.hidden_size) if spec.m3 is not None else None
+        self.colbert = (
+            nn.Sequential(*(load_dense(d) for d in spec.colbert.dense)).eval()
+            if spec.colbert is not None
+            else None
+        )
+        self.answer = load_head(spec).eval() if spec.llm_rerank is not None else None
         self.mlm_head: MLMHead | None = None
         if spec.is_splade and self.output != "logits":
             if not native_mlm_head(spec):
@@ -185,14 +234,13 @@ class OnnxBackend:
             head.eval().fuse()
             self.mlm_head = head
         elif spec.is_splade:
-            shape = next(o.shape for o in self.session.get_outputs() if o.name == self.output)
+            shape = list(outputs[self.output])
             vocab = shape[-1] if shape else None
             if len(shape) != 3 or (isinstance(vocab, int) and vocab != spec.vocab_size):
                 raise StartupError(
                     f"{self.path}: its logits have shape {shape}; SPLADE needs every token's "
                     f"scores over the vocabulary: (batch, sequence, {spec.vocab_size})"
                 )
-        log.info("onnx graph %s, providers %s", self.path, self.session.get_providers())
 
     def _run(self, batch: Batch, group: list[int]) -> np.ndarray:
         inputs = padded_inputs(batch, group, token_types=self.spec.has_token_types)
@@ -204,7 +252,7 @@ class OnnxBackend:
         cu = batch.cu_seqlens
         seqs = PackedSequences(torch.from_numpy(cu.astype(np.int64)), batch.max_seqlen)
         hidden: np.ndarray | None = None
-        for group in buckets(batch.lengths.tolist(), max_tokens=PASS_TOKENS):
+        for group in buckets(batch.lengths.tolist(), max_tokens=self.pass_tokens):
             out = self._run(batch, group)
             if hidden is None:
                 hidden = np.empty((batch.total_tokens, out.shape[-1]), dtype=np.float32)
@@ -252,7 +300,22 @@ class OnnxBackend:
             hidden[seqs.starts[i] : seqs.starts[i] + seqs.lengths[i]].numpy()
             for i in batch.raw_indices
         ]
-        return BatchOutput(pooled, raw)
+        return BatchOutput(pooled, raw, self._multi(batch, hidden, seqs))
+
+    def _multi(
+        self, batch: Batch, hidden: torch.Tensor, seqs: PackedSequences
+    ) -> list[dict[str, np.ndarray]]:
+        which = list(batch.multi_indices)
+        if not which:
+            return []
+        rows, lengths = rows_of(hidden, seqs, which)
+        if self.colbert is not None:
+            return colbert_outputs(self.colbert, rows, lengths)
+        if self.m3 is None or self.spec.m3 is None:
+            raise StartupError(f"{self.spec.architecture} has no multi-vector head")
+        cu = batch.cu_seqlens
+        ids = np.concatenate([batch.input_ids[cu[i] : cu[i + 1]] for i in which])
+        return m3_outputs(self.m3, rows, lengths, ids, self.spec.m3.unused_token_ids)
 
     def _splade_from_logits(self, batch: Batch) -> np.ndarray:
         """SPLADE vectors from a graph that gives every token's vocabulary scores, run in
@@ -271,11 +334,18 @@ class OnnxBackend:
         assert best is not None, "no text to pool"
         return best
 
+    @torch.inference_mode()
     def predict(self, batch: Batch) -> BatchOutput:
         if batch.size == 0:
             return BatchOutput(np.zeros((0, self.spec.num_labels), np.float32), [])
+        if self.answer is not None:
+            # The answer follows the prompt's very last token, whatever its id.
+            hidden, seqs = self._hidden(batch)
+            with num_threads(1):
+                last = pool(hidden, seqs, "last_token", list(batch.pooled_indices))
+                return BatchOutput(self.answer(last).float().numpy(), [])
         logits = np.empty((batch.size, self.spec.num_labels), dtype=np.float32)
-        for group in buckets(batch.lengths.tolist(), max_tokens=PASS_TOKENS):
+        for group in buckets(batch.lengths.tolist(), max_tokens=self.pass_tokens):
             logits[group] = self._run(batch, group)
         return BatchOutput(logits[list(batch.pooled_indices)], [])
 

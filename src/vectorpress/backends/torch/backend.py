@@ -22,6 +22,7 @@ from vectorpress.backends.common.pooling import (
     splade_vectors,
 )
 from vectorpress.backends.common.sequences import PackedSequences
+from vectorpress.backends.common.threads import num_threads
 from vectorpress.backends.preemption import add_layer_points
 from vectorpress.backends.torch.attention import varlen_usable
 from vectorpress.backends.torch.blocks import FusedModel
@@ -259,9 +260,13 @@ class TorchBackend:
                 vectors = splade_vectors(self.model.head, hidden, seqs, which)
             else:
                 assert self.spec.pooling is not None
-                vectors = pool(hidden, seqs, self.spec.pooling, which).float()
-                for dense in self.dense:
-                    vectors = dense(vectors)
+                # On the pass's own thread count: a short pass planned on one thread would
+                # otherwise wake the second for each parallel op here, a wait of a time slice
+                # when other work holds that core.
+                with num_threads(self.passes.threads(seqs.total)):
+                    vectors = pool(hidden, seqs, self.spec.pooling, which).float()
+                    for dense in self.dense:
+                        vectors = dense(vectors)
             pooled = vectors.float().cpu().numpy()
         raw = [
             hidden[seqs.starts[i] : seqs.starts[i] + seqs.lengths[i]].float().cpu().numpy()

@@ -176,6 +176,11 @@ class CpuPasses:
         # PackedSequences.longest_first); False runs them in arrival order (the reference).
         self.longest_first = longest_first
 
+    def threads(self, tokens: int) -> int:
+        """The intra-op threads a pass of `tokens` real tokens runs on."""
+        small = tokens < SMALL_PASS_TOKENS
+        return (self.plan.small_threads if small else 0) or torch.get_num_threads()
+
     def run(
         self,
         encoder: Encoder,
@@ -246,7 +251,7 @@ class CpuPasses:
                 torch.cat([t, t.new_zeros(pad)]) for t in (input_ids, token_type_ids, position_ids)
             )
             seqs = seqs.with_filler(rows)
-        threads = (plan.small_threads if small else 0) or torch.get_num_threads()
+        threads = self.threads(tokens)
         with num_threads(threads), onednn_linears(onednn):
             out = encoder(input_ids, token_type_ids, position_ids, seqs)
         return out if rows == tokens else out[:tokens]

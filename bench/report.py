@@ -1,0 +1,529 @@
+"""bench/run.py's report: the targets table, a table per model, the JSON, the plot, the history.
+
+Every share is of a ceiling measured in the same run on the model's own GEMM shape: fp32 methods
+against the fp32 GEMM, bf16 methods against the bf16 GEMM, int8 methods against the fp32 one
+(int8 has no ceiling of its own here; its target is a multiple of bf16).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+NAN = float("nan")
+
+
+@dataclass
+class Result:
+    name: str
+    load: dict[str, dict[str, float]] = field(default_factory=dict)
+    """load name -> tokens_per_s (pairs_per_s for rerank), p50_ms, p99_ms, errors, wall_s and,
+    for vectorpress, device_idle (the share of the load's wall time its device thread did not
+    spend on batches)"""
+    short_p50_ms: float = NAN
+    short_p99_ms: float = NAN
+    overhead_ms: float = NAN
+    """vectorpress only: p50 over short queries of each one's HTTP time minus the inference
+    time the server recorded for it (te_request_inference_duration)."""
+    cos_min: float = NAN
+    cos_mean: float = NAN
+    """Lowest and mean cosine to sentence-transformers' fp32 vectors over every corpus text."""
+    score_diff: float = NAN
+    """Rerank: the largest difference to CrossEncoder.predict's score of the same pair."""
+    note: str = ""
+
+    @staticmethod
+    def median(rounds: list[Result]) -> Result:
+        """One method's figures over several rounds: the median of each, the lowest cosine
+        (rounds that failed are left out; with none left, the last failure)."""
+        ok = [r for r in rounds if r.load]
+        if len(ok) < 2:
+            return ok[0] if ok else rounds[-1]
+        out = Result(ok[0].name, note=ok[0].note)
+        for key, figures in ok[0].load.items():
+            out.load[key] = {
+                m: statistics.median(r.load[key][m] for r in ok if m in r.load.get(key, {}))
+                for m in figures
+            }
+        for name in ("short_p50_ms", "short_p99_ms", "overhead_ms", "cos_mean"):
+            setattr(out, name, statistics.median(getattr(r, name) for r in ok))
+        out.cos_min = min(r.cos_min for r in ok)
+        out.score_diff = max(r.score_diff for r in ok)
+        if len(ok) < len(rounds):
+            out.note = f"{len(rounds) - len(ok)} of {len(rounds)} rounds failed"
+        return out
+
+
+@dataclass
+class Suite:
+    """One embedding model's part of the run."""
+
+    label: str
+    folder: Path
+    texts: list[str]
+    counts: list[int]
+    sweep: list[int]
+    ceiling: dict[str, Any]
+    results: list[Result] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "model": self.label,
+            "texts": len(self.texts),
+            "tokens": sum(self.counts),
+            "sweep": self.sweep,
+            "ceiling": self.ceiling,
+            "results": [asdict(r) for r in self.results],
+        }
+
+
+# ---------------------------------------------------------------- figures
+
+
+def tokens_ceiling(ceiling: dict[str, Any], dtype: str) -> float:
+    """Tokens/s the GEMM ceiling of `dtype` ("fp32", "bf16") allows; nan without one."""
+    gflops = ceiling.get(f"{dtype}_gflops")
+    return gflops * 1e9 / ceiling["flops_per_token"] if gflops else NAN
+
+
+def own_dtype(name: str) -> str:
+    return "bf16" if "bf16" in name else "fp32"
+
+
+def figure(r: dict[str, Any] | Result | None, load: str, what: str = "tokens_per_s") -> float:
+    if r is None:
+        return NAN
+    loads = r.load if isinstance(r, Result) else r.get("load") or {}
+    return float(loads.get(load, {}).get(what, NAN))
+
+
+def find(results: list[Result], name: str) -> Result | None:
+    return next((r for r in results if r.name == name and r.load), None)
+
+
+def fastest(results: list[Result], dtype: str, loads: tuple[str, ...]) -> Result | None:
+    """The fastest vectorpress backend of `dtype` ("fp32" or "bf16"; int8 rows are judged apart),
+    by its slower load: the targets ask for the path a user can choose, and the table names it."""
+    found = [
+        r
+        for r in results
+        if r.name.startswith("vectorpress") and r.load and "int8" not in r.name
+        if own_dtype(r.name) == dtype
+    ]
+    return max(found, key=lambda r: min(figure(r, k) for k in loads), default=None)
+
+
+def fmt(v: float, spec: str = ",.0f", suffix: str = "") -> str:
+    return "-" if v != v else format(v, spec) + suffix
+
+
+def pair(a: float, b: float, spec: str = ",.0f", suffix: str = "") -> str:
+    return f"{fmt(a, spec, suffix)} / {fmt(b, spec, suffix)}"
+
+
+def verdict(met: bool | None) -> str:
+    return "n/a" if met is None else "**met**" if met else "not met"
+
+
+def at_least(values: list[float], bound: float) -> bool | None:
+    if any(v != v for v in values):
+        return None
+    return all(v >= bound for v in values)
+
+
+def at_most(value: float, bound: float) -> bool | None:
+    return None if value != value else value <= bound
+
+
+# ---------------------------------------------------------------- targets
+
+
+def targets(suites: list[Suite], rerank: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Issue 26's targets as rows: what, the figure, the target, met (None: not measured)."""
+    rows: list[dict[str, Any]] = []
+
+    def row(what: str, shown: str, target: str, met: bool | None) -> None:
+        rows.append({"what": what, "figure": shown, "target": target, "met": met})
+
+    main = suites[0]
+    top = f"1x{max(main.sweep)}"
+    loads = ("32x4", top)
+    fp32 = fastest(main.results, "fp32", loads)
+    bf16 = fastest(main.results, "bf16", loads)
+    quickest = min(
+        (r for r in main.results if r.name.startswith("vectorpress") and own_dtype(r.name) == "fp32"
+         and "int8" not in r.name and r.short_p50_ms == r.short_p50_ms),
+        key=lambda r: r.short_p50_ms, default=None,
+    )  # fmt: skip
+
+    def named(r: Result | None) -> str:
+        return f" [{r.name}]" if r else ""
+
+    def shares(suite: Suite, r: Result | None, dtype: str) -> list[float]:
+        limit = tokens_ceiling(suite.ceiling, dtype)
+        return [figure(r, k) / limit for k in ("32x4", f"1x{max(suite.sweep)}")]
+
+    s = shares(main, fp32, "fp32")
+    row(f"fp32 over HTTP, share of the fp32 ceiling (32x4 / {top}){named(fp32)}", pair(*s, ".0%"),
+        ">= 75% on both", at_least(s, 0.75))  # fmt: skip
+    s = shares(main, bf16, "bf16")
+    row(f"bf16 over HTTP, share of the bf16 ceiling (32x4 / {top}){named(bf16)}", pair(*s, ".0%"),
+        ">= 65% on both", at_least(s, 0.65))  # fmt: skip
+    cos = bf16.cos_min if bf16 else NAN
+    row("bf16 lowest cosine to fp32 over every corpus text (mean)",
+        f"{fmt(cos, '.5f')} ({fmt(bf16.cos_mean if bf16 else NAN, '.5f')})", ">= 0.999",
+        at_least([cos], 0.999))  # fmt: skip
+
+    int8 = [r for r in main.results if "int8" in r.name and r.load]
+    if int8 and bf16:
+        ratios = {r.name: [figure(r, k) / figure(bf16, k) for k in loads] for r in int8}
+        accurate = [r for r in int8 if r.cos_min >= 0.99]
+        best = max(accurate or int8, key=lambda r: min(ratios[r.name]))
+        met = at_least(ratios[best.name], 1.3)
+        row(f"int8 (the best: {best.name}) / bf16 throughput (32x4 / {top})",
+            pair(*ratios[best.name], ".2f", "x"), ">= 1.3x on both at cosine >= 0.99",
+            None if met is None else met and best.cos_min >= 0.99)  # fmt: skip
+        row(f"{best.name}: lowest cosine to fp32 (mean)",
+            f"{fmt(best.cos_min, '.5f')} ({fmt(best.cos_mean, '.5f')})", ">= 0.99",
+            at_least([best.cos_min], 0.99))  # fmt: skip
+    else:
+        row("int8 / bf16 throughput", "-", ">= 1.3x at cosine >= 0.99", None)
+    p50 = quickest.short_p50_ms if quickest else NAN
+    row(f"one short query over HTTP, fp32, p50{named(quickest)}", fmt(p50, ".2f", " ms"),
+        "<= 3.0 ms", at_most(p50, 3.0))  # fmt: skip
+    over = quickest.overhead_ms if quickest else NAN
+    row("server overhead on it (HTTP p50 - the server's inference time)", fmt(over, ".2f", " ms"),
+        "<= 0.5 ms", at_most(over, 0.5))  # fmt: skip
+    infinity = [r for r in main.results if r.name.startswith("Infinity") and r.load]
+    if infinity:
+        vs = [figure(fp32, k) / max(figure(r, k) for r in infinity) for k in loads]
+        row(f"fp32 x Infinity's faster engine (32x4 / {top})", pair(*vs, ".2f", "x"),
+            ">= 4x on both", at_least(vs, 4.0))  # fmt: skip
+    else:
+        row("fp32 x Infinity's faster engine", "-", ">= 4x on both loads", None)
+
+    for suite in suites[1:]:
+        stop = f"1x{max(suite.sweep)}"
+        for dtype, bound in (("fp32", 0.75), ("bf16", 0.65)):
+            r = fastest(suite.results, dtype, ("32x4", stop))
+            s = shares(suite, r, dtype)
+            row(f"{suite.label} {dtype}, share of its {dtype} ceiling (32x4 / {stop}){named(r)}",
+                pair(*s, ".0%"), f">= {bound:.0%} on both", at_least(s, bound))  # fmt: skip
+        r = fastest(suite.results, "bf16", ("32x4", stop))
+        cos = r.cos_min if r else NAN
+        row(f"{suite.label} bf16 lowest cosine to fp32 (mean){named(r)}",
+            f"{fmt(cos, '.5f')} ({fmt(r.cos_mean if r else NAN, '.5f')})", ">= 0.999",
+            at_least([cos], 0.999))  # fmt: skip
+
+    if rerank:
+        results = rerank["results"]
+        ce = next((r for r in results if r.name.startswith("sentence-transformers")), None)
+        vp = find(results, "vectorpress fp32")
+        ce_rate = figure(ce, "20x1", "pairs_per_s")
+        x = [figure(vp, k, "pairs_per_s") / ce_rate for k in ("20x1", "20x4")]
+        row("rerank fp32 pairs/s x CrossEncoder.predict (1 / 4 in flight)",
+            pair(*x, ".2f", "x"), "> 1x (the issue names no multiple)",
+            at_least(x, 1.0))  # fmt: skip
+        for dtype, bound in (("fp32", 0.75), ("bf16", 0.65)):
+            r = find(results, f"vectorpress {dtype}")
+            limit = rerank_ceiling(rerank["ceiling"], dtype)
+            s = figure(r, "20x4", "pairs_per_s") / limit
+            row(f"rerank {dtype}, share of the {dtype} rerank ceiling (4 in flight)",
+                fmt(s, ".0%"), f">= {bound:.0%} (the embedding target)",
+                at_least([s], bound))  # fmt: skip
+    return rows
+
+
+def rerank_ceiling(ceiling: dict[str, Any], dtype: str) -> float:
+    """Pairs/s the GEMM ceiling allows at the load's mean pair length."""
+    return tokens_ceiling(ceiling, dtype) / ceiling["tokens_per_pair"]
+
+
+# ---------------------------------------------------------------- tables
+
+
+def embedding_table(suite: Suite) -> list[str]:
+    results = suite.results
+    st = next(r for r in results if r.name.startswith("sentence-transformers"))
+    st_tps = figure(st, "encode32")
+    infinity = [r for r in results if r.name.startswith("Infinity") and r.load]
+    top = f"1x{max(suite.sweep)}"
+    c, fpt = suite.ceiling, suite.ceiling["flops_per_token"]
+
+    def best_inf(load: str) -> float:
+        return max((figure(r, load) for r in infinity), default=NAN)
+
+    lines = [
+        f"## {suite.label}",
+        "",
+        f"Corpus of {len(suite.texts)} texts, {sum(suite.counts):,} tokens. Ceiling on its FFN "
+        f"GEMM ({c['gemm_shape']}): fp32 {c['fp32_gflops']:.0f} GFLOP/s = "
+        f"{tokens_ceiling(c, 'fp32'):,.0f} tokens/s"
+        + (
+            f"; bf16 {c['bf16_gflops']:.0f} GFLOP/s = {tokens_ceiling(c, 'bf16'):,.0f} tokens/s"
+            if c["bf16_gflops"]
+            else "; bf16: this CPU has no native bf16 GEMM"
+        )
+        + f" ({fpt / 1e6:.2f} MFLOP per token).",
+        "",
+        f"| method | 32-text x 4 tok/s | 1-text x {top[2:]} tok/s | x ST (32x4 / {top}) | "
+        f"x best Infinity (32x4 / {top}) | of its ceiling (32x4 / {top}) | lowest / mean cos "
+        f"to fp32 | device idle (32x4 / {top}) | short query p50 / p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        cos = f"{fmt(r.cos_min, '.4f')} / {fmt(r.cos_mean, '.4f')}"
+        if r is st:
+            lines.append(
+                f"| {r.name} | {fmt(st_tps)} (encode) | - | 1.00 | "
+                f"{fmt(st_tps / best_inf('32x4'), '.2f')} / - | "
+                f"{fmt(st_tps / tokens_ceiling(c, 'fp32'), '.0%')} | (reference) | - | "
+                f"{pair(r.short_p50_ms, r.short_p99_ms, '.1f')} |"
+            )
+            continue
+        if not r.load:
+            lines.append(f"| {r.name} | - | - | - | - | - | - | - | - ({r.note}) |")
+            continue
+        b, s = figure(r, "32x4"), figure(r, top)
+        limit = tokens_ceiling(c, own_dtype(r.name))
+        idle = pair(figure(r, "32x4", "device_idle"), figure(r, top, "device_idle"), ".0%")
+        lines.append(
+            f"| {r.name} | {fmt(b)} | {fmt(s)} | {pair(b / st_tps, s / st_tps, '.2f')} | "
+            f"{pair(b / best_inf('32x4'), s / best_inf(top), '.2f')} | "
+            f"{pair(b / limit, s / limit, '.0%')} | {cos} | {idle} | "
+            f"{pair(r.short_p50_ms, r.short_p99_ms, '.1f')} |"
+        )
+    overheads = [
+        f"{r.name} {r.overhead_ms:.2f} ms" for r in results if not math.isnan(r.overhead_ms)
+    ]
+    if overheads:
+        lines += [
+            "",
+            "Server overhead on the short query (p50 over 40 queries of each one's HTTP time "
+            "minus the inference time the server recorded for it, te_request_inference_duration;"
+            " it includes the client's own work): " + "; ".join(overheads) + ".",
+        ]
+    notes = [f"- {r.name}: {r.note}" for r in results if r.note]
+    return lines + (["", *notes] if notes else [])
+
+
+def rerank_table(part: dict[str, Any]) -> list[str]:
+    c = part["ceiling"]
+    results: list[Result] = part["results"]
+    ce = results[0]
+    ce_rate = figure(ce, "20x1", "pairs_per_s")
+    lines = [
+        "## Rerank",
+        "",
+        f"{part['checkpoint']}; {part['queries']} queries x {part['per_query']} passages "
+        f"({part['pairs']} pairs, {c['tokens_per_pair']:.0f} tokens per pair on average), one "
+        f"`/rerank` request per query. Ceiling on its GEMM ({c['gemm_shape']}): fp32 "
+        f"{rerank_ceiling(c, 'fp32'):,.0f} pairs/s"
+        + (f", bf16 {rerank_ceiling(c, 'bf16'):,.0f} pairs/s" if c["bf16_gflops"] else "")
+        + ". CrossEncoder.predict runs in-process, one call per query (batch_size=32).",
+        "",
+        "| method | pairs/s, 1 in flight | pairs/s, 4 in flight | x CrossEncoder (1 / 4) | "
+        "of its ceiling (1 / 4) | largest score difference to CrossEncoder | "
+        "device idle (1 / 4) | request p50 ms (1 / 4) |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| {ce.name} | {fmt(ce_rate)} | - | 1.00 | "
+        f"{fmt(ce_rate / rerank_ceiling(c, 'fp32'), '.0%')} | (reference) | - | - |",
+    ]
+    for r in results[1:]:
+        if not r.load:
+            lines.append(f"| {r.name} | - | - | - | - | - | - | - ({r.note}) |")
+            continue
+        one, four = figure(r, "20x1", "pairs_per_s"), figure(r, "20x4", "pairs_per_s")
+        limit = rerank_ceiling(c, own_dtype(r.name))
+        lines.append(
+            f"| {r.name} | {fmt(one)} | {fmt(four)} | {pair(one / ce_rate, four / ce_rate, '.2f')}"
+            f" | {pair(one / limit, four / limit, '.0%')} | {fmt(r.score_diff, '.1e')} | "
+            f"{pair(figure(r, '20x1', 'device_idle'), figure(r, '20x4', 'device_idle'), '.0%')}"
+            f" | {pair(figure(r, '20x1', 'p50_ms'), figure(r, '20x4', 'p50_ms'), '.1f')} |"
+        )
+    return lines
+
+
+def write_report(
+    suites: list[Suite], rerank: dict[str, Any] | None, meta: dict[str, Any], out: Path
+) -> str:
+    """latest.md, .json and .png under `out`, and the run's rows appended to history.md."""
+    goals = targets(suites, rerank)
+    lines = [
+        f"# vectorpress benchmark, {meta['stamp']}",
+        "",
+        f"Machine: {meta['machine']}; {meta['minutes']:.1f} minutes. Corpus: 40% short queries, "
+        "40% medium, 20% long passages, truncated at each model's max_seq_length. Client and "
+        "servers share the machine's cores; the load comes from one kept-alive connection per "
+        "request in flight (bench/client.py)."
+        + (
+            f" Every figure is the median of {meta['rounds']} rounds, one after another "
+            "(the lowest cosine: the lowest of the rounds)."
+            if meta.get("rounds", 1) > 1
+            else ""
+        ),
+        "",
+        "## Targets",
+        "",
+        "| what | figure | target | |",
+        "|---|---|---|---|",
+        *(f"| {g['what']} | {g['figure']} | {g['target']} | {verdict(g['met'])} |" for g in goals),
+        "",
+        "Shares are of the GEMM ceiling measured in this run on the model's own FFN shape. "
+        "Cosines compare each server's vectors of every corpus text (from its widest one-text "
+        "load) with sentence-transformers' fp32 vectors of the same texts. Device idle: the "
+        "share of a load's wall time the server's device thread spent on no batch "
+        "(1 - the growth of vectorpress_backend_busy_seconds over it).",
+        "",
+    ]
+    for suite in suites:
+        lines += [*embedding_table(suite), ""]
+    if rerank:
+        lines += [*rerank_table(rerank), ""]
+    lines += [
+        f"Bare forward pass of the short query ({suites[0].label}, torch fp32, in-process): "
+        f"{meta['bare_forward_ms']:.2f} ms p50. Short-query latency: one request at a time on "
+        "a kept-alive connection (bench/client.py's blocking client).",
+        "",
+        f"Rerun: `{meta['command']}`",
+        "",
+    ]
+    text = "\n".join(lines)
+    main = suites[0]
+    data = {
+        "meta": meta,
+        "ceiling": main.ceiling,
+        "results": [asdict(r) for r in main.results],
+        "second": [s.summary() for s in suites[1:]],
+        "rerank": (
+            {**rerank, "results": [asdict(r) for r in rerank["results"]]} if rerank else None
+        ),
+        "targets": goals,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "latest.md").write_text(text)
+    (out / "latest.json").write_text(json.dumps(data, indent=1))
+    plot(main, out / "latest.png")
+    append_history(data, out / "history.md")
+    return text
+
+
+# ---------------------------------------------------------------- history
+
+HISTORY_HEADER = [
+    "# Benchmark history",
+    "",
+    "One row per model, method and run of `bench/run.py` (newest last); `latest.md` has the",
+    "newest run whole. Shares are of the GEMM ceilings measured in the same run on the model's",
+    "own shape (its ceiling: bf16's for bf16 rows, fp32's for the others). Rerank rows give",
+    "pairs/s with 4 and 1 requests of 20 pairs in flight. Rows from before the accuracy and",
+    "idle columns have none.",
+    "",
+    "| run | command | model | method | 32x4 tok/s | 1xN tok/s | of fp32 ceiling | "
+    "of its ceiling | lowest / mean cos | device idle 32x4 / 1xN | short p50 ms |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
+]
+
+
+def history_rows(data: dict[str, Any]) -> list[str]:
+    """A run's rows of the history table, from its JSON report."""
+    meta = data["meta"]
+    head = f"| {meta['stamp']} | `{meta['command']}`"
+    parts = [
+        {"model": meta["model"], "ceiling": data["ceiling"], "results": data["results"]},
+        *data.get("second", []),
+    ]
+    rows = []
+    for part in parts:
+        c = part["ceiling"]
+        for r in part["results"]:
+            load = r.get("load") or {}
+            bulk_key = "32x4" if "32x4" in load else "encode32"
+            bulk = figure(r, bulk_key)
+            singles = [k for k in load if k.startswith("1x")]
+            top = max(singles, key=lambda k: int(k[2:]), default="")
+            single = figure(r, top) if top else NAN
+            best = max(bulk, single) if single == single else bulk
+            idle = pair(figure(r, "32x4", "device_idle"), figure(r, top, "device_idle"), ".0%")
+            rows.append(
+                f"{head} | {part['model']} | {r['name']} | {fmt(bulk)} | "
+                f"{fmt(single)}{f' ({top})' if top else ''} | "
+                f"{fmt(best / tokens_ceiling(c, 'fp32'), '.0%')} | "
+                f"{fmt(best / tokens_ceiling(c, own_dtype(r['name'])), '.0%')} | "
+                f"{fmt(r.get('cos_min', NAN), '.4f')} / {fmt(r.get('cos_mean', NAN), '.4f')} | "
+                f"{idle} | {fmt(r.get('short_p50_ms', NAN), '.1f')} |"
+            )
+    rerank = data.get("rerank")
+    if rerank:
+        c = rerank["ceiling"]
+        for r in rerank["results"]:
+            four = figure(r, "20x4", "pairs_per_s")
+            one = figure(r, "20x1", "pairs_per_s")
+            best = four if four == four else one
+            idle = pair(figure(r, "20x4", "device_idle"), figure(r, "20x1", "device_idle"), ".0%")
+            rows.append(
+                f"{head} | rerank ({rerank['per_query']} per query) | {r['name']} | "
+                f"{fmt(four)} pairs/s (20x4) | {fmt(one)} pairs/s (20x1) | "
+                f"{fmt(best / rerank_ceiling(c, 'fp32'), '.0%')} | "
+                f"{fmt(best / rerank_ceiling(c, own_dtype(r['name'])), '.0%')} | "
+                f"score diff {fmt(r.get('score_diff', NAN), '.1e')} | {idle} | - |"
+            )
+    return rows
+
+
+def append_history(data: dict[str, Any], path: Path) -> None:
+    lines = path.read_text().splitlines() if path.exists() else []
+    rows = [widen(line) for line in lines if line.startswith("| 2")]
+    path.write_text("\n".join([*HISTORY_HEADER, *rows, *history_rows(data)]) + "\n")
+
+
+def widen(row: str) -> str:
+    """A row of the first history table (run, command, method, 32x4, 1xN, share of the fp32
+    ceiling, short p50; all of them all-MiniLM-L6-v2 unless the command named a model) in
+    today's columns."""
+    cells = [c.strip() for c in row.strip().strip("|").split(" | ")]
+    if len(cells) != 7:
+        return row
+    run, command, method, bulk, single, share, short = cells
+    model = "(--model)" if "--model" in command else "all-MiniLM-L6-v2"
+    return (
+        f"| {run} | {command} | {model} | {method} | {bulk} | {single} | {share} | - | - | - | "
+        f"{short} |"
+    )
+
+
+# ---------------------------------------------------------------- plot
+
+
+def plot(suite: Suite, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    st = next(r for r in suite.results if r.name.startswith("sentence-transformers"))
+    sweep = suite.sweep
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for r in suite.results:
+        xs = [c for c in sweep if f"1x{c}" in r.load]
+        if not xs:
+            continue
+        ax1.plot(xs, [r.load[f"1x{c}"]["tokens_per_s"] for c in xs], marker="o", label=r.name)
+        ax2.plot(xs, [r.load[f"1x{c}"]["p99_ms"] for c in xs], marker="o", label=r.name)
+    ax1.axhline(figure(st, "encode32"), color="grey", linestyle="--",
+                label="sentence-transformers encode")  # fmt: skip
+    ax1.set(xscale="log", xlabel="one-text requests in flight", ylabel="tokens/s",
+            title=f"Throughput, {suite.label}")  # fmt: skip
+    ax2.set(xscale="log", yscale="log", xlabel="one-text requests in flight",
+            ylabel="p99 latency (ms)", title="p99 latency")  # fmt: skip
+    for ax in (ax1, ax2):
+        ax.set_xticks(sweep, [str(c) for c in sweep])
+        ax.grid(alpha=0.3)
+    ax1.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,145 @@
+"""OpenVinoBackend: the ONNX backend's graph, compiled by OpenVINO for the CPU.
+
+The graph is the one `--backend onnx` serves (the checkpoint's own `model.onnx`, or one exported
+from its weights on the first start and cached), read by OpenVINO's ONNX frontend and compiled
+once, with dynamic batch and length, on every available CPU. `--dtype bfloat16` compiles the
+same graph with bf16 as its inference precision (the weights stay fp32 on disk); `--dtype int8`
+compresses its linear weights to 8 bits first (`int8.py`). Batches run as
+the ONNX backend's length buckets, and the hidden states come back into the packed layout, so
+pooling, Dense modules, SPLADE heads and classification logits are the shared code's.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vectorpress.backends.common.buckets import padded_inputs
+from vectorpress.backends.common.cache import build_cache
+from vectorpress.backends.onnx.backend import OnnxBackend, onnx_graph
+from vectorpress.cpus import available_cpus
+from vectorpress.errors import StartupError
+from vectorpress.model_spec import ModelSpec
+from vectorpress.types import Batch
+
+log = logging.getLogger(__name__)
+
+#: --dtype -> OpenVINO's inference precision hint (int8: weights in 8 bits, see `int8.py`).
+PRECISIONS = {"float32": "f32", "bfloat16": "bf16", "int8": "f32"}
+# Padded tokens per run at most: 4,096 measured level with 2,048 and 8,192 on MiniLM (see
+# docs/performance.md); OpenVINO keeps no arena of the largest run, unlike ONNX Runtime.
+PASS_TOKENS = 4096
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux names them (empty where /proc/cpuinfo is unreadable)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    line = next((x for x in text.splitlines() if x.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX)."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+class OpenVinoBackend(OnnxBackend):
+    """Runs an ONNX encoder graph compiled by OpenVINO (fp32 or bf16 inference)."""
+
+    name = "openvino"
+    pass_tokens = PASS_TOKENS
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        device: str = "cpu",
+        dtype: str | None = None,
+        cache_dir: Path | None = None,
+    ) -> None:
+        """The signature every backend shares (see `backends.base.Backend`); the exported
+        graph is kept under `cache_dir` (`common.cache.build_cache()` when not given)."""
+        try:
+            import openvino as ov
+        except ImportError:
+            raise StartupError(
+                "--backend openvino needs openvino: pip install 'vectorpress[openvino]'"
+            ) from None
+        dtype = dtype or "float32"
+        if dtype not in PRECISIONS:
+            raise StartupError(
+                f"--backend openvino runs float32, bfloat16 or int8; --dtype {dtype} cannot apply"
+            )
+        if device == "cuda":
+            raise StartupError("--backend openvino runs on the CPU only: --device cpu or auto")
+        if dtype == "bfloat16" and not native_bf16():
+            raise StartupError(
+                "--backend openvino --dtype bfloat16 needs a CPU with AVX512-BF16 or AMX; "
+                "this one has neither: serve float32"
+            )
+        self.spec = spec
+        self.device = "cpu"
+        self.dtype = dtype
+        self.path = onnx_graph(spec, cache_dir or build_cache())
+        started = time.perf_counter()
+        core = ov.Core()
+        config = {
+            "INFERENCE_PRECISION_HINT": PRECISIONS[dtype],
+            # One request at a time on every core: the model thread runs one batch at a time.
+            "PERFORMANCE_HINT": "LATENCY",
+            "NUM_STREAMS": 1,
+            "INFERENCE_NUM_THREADS": available_cpus(),
+        }
+        try:
+            model = core.read_model(str(self.path))
+            if dtype == "int8":
+                from vectorpress.backends.openvino.int8 import compress_weights
+
+                compressed = compress_weights(model)
+                if not compressed:
+                    raise StartupError(
+                        f"{self.path} has no float32 linear weight to compress to int8: "
+                        "serve it without --dtype int8"
+                    )
+                log.info("openvino int8: %d linear weights in 8 bits", compressed)
+            self.compiled = core.compile_model(model, "CPU", config)
+        except StartupError:
+            raise
+        except Exception as exc:  # OpenVINO raises RuntimeError with its own long message
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StartupError(f"OpenVINO cannot compile {self.path}: {first}") from exc
+        self.request = self.compiled.create_infer_request()
+        outputs = {o.get_any_name(): o for o in self.compiled.outputs}
+        self._heads(
+            {i.get_any_name() for i in self.compiled.inputs},
+            {name: _dims(o.get_partial_shape()) for name, o in outputs.items()},
+        )
+        self.port = outputs[self.output]
+        log.info(
+            "openvino %s: %s compiled for %s (%s) in %.2f s",
+            ov.__version__,
+            self.path,
+            config["INFERENCE_PRECISION_HINT"],
+            self.compiled.get_property("INFERENCE_NUM_THREADS"),
+            time.perf_counter() - started,
+        )
+
+    def _run(self, batch: Batch, group: list[int]) -> np.ndarray:
+        inputs = padded_inputs(batch, group, token_types=self.spec.has_token_types)
+        feeds = {k: v for k, v in inputs.items() if k in self.inputs}
+        self.request.infer(feeds, share_inputs=True)
+        # The request's own output buffer is reused by the next run: the caller copies it.
+        return np.asarray(self.request.get_tensor(self.port).data)
+
+
+def _dims(shape: Any) -> list[int | None]:
+    """An OpenVINO partial shape as a list, None for each dynamic dimension."""
+    return [d.get_length() if d.is_static else None for d in shape]

@@ -1,0 +1,134 @@
+"""bench/run.py's report: the targets it judges, the history it keeps, the rerank load it sends."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from bench.corpus import corpus, kind
+from bench.report import Result, Suite, append_history, history_rows, targets, widen
+from bench.rerank import PER_QUERY, rerank_queries
+
+CEILING = {"fp32_gflops": 100.0, "bf16_gflops": 200.0, "flops_per_token": 1e7, "gemm_shape": "-"}
+"""10,000 tokens/s in fp32, 20,000 in bf16."""
+
+
+def served(name: str, bulk: float, single: float, cos: float = 1.0) -> Result:
+    r = Result(name, cos_min=cos, cos_mean=cos)
+    r.load = {"32x4": {"tokens_per_s": bulk}, "1x64": {"tokens_per_s": single}}
+    r.short_p50_ms, r.overhead_ms = 2.5, 0.4
+    return r
+
+
+def suite(*results: Result) -> Suite:
+    st = Result("sentence-transformers encode (in-process)", {"encode32": {"tokens_per_s": 1.0}})
+    return Suite("m", Path("."), ["a"], [1], [1, 64], dict(CEILING), [st, *results])
+
+
+def verdicts(rows: list[dict[str, object]]) -> dict[str, object]:
+    return {str(r["what"]).split(",")[0].split(" (")[0]: r["met"] for r in rows}
+
+
+def test_targets_judge_each_share_against_its_own_ceiling() -> None:
+    rows = targets(
+        [
+            suite(
+                served("vectorpress fp32", 7_600, 8_000),  # 76% / 80% of 10,000
+                served("vectorpress bf16", 13_200, 12_000, cos=0.9995),  # 66% / 60% of 20,000
+                served("vectorpress int8 (torch)", 18_000, 16_000, cos=0.989),  # too coarse
+                served("vectorpress onnx int8 (`--dtype int8`)", 17_200, 16_000, cos=0.995),
+                served("Infinity 0.0.78 torch", 1_900, 2_100),
+            )
+        ],
+        None,
+    )
+    got = verdicts(rows)
+    assert got["fp32 over HTTP"] is True
+    assert got["bf16 over HTTP"] is False  # 60% on one-text requests
+    assert got["bf16 lowest cosine to fp32 over every corpus text"] is True
+    # The best int8 is the fastest one that holds 0.99: 17,200 / 13,200 and 16,000 / 12,000.
+    (int8,) = [r for r in rows if str(r["what"]).startswith("int8")]
+    assert "onnx int8" in str(int8["what"]) and int8["figure"] == "1.30x / 1.33x"
+    assert int8["met"] is True
+    assert got["one short query over HTTP"] is True
+    assert got["server overhead on it"] is True
+    assert got["fp32 x Infinity's faster engine"] is False  # 8,000 / 2,100 on one-text requests
+    (vs,) = [r for r in rows if str(r["what"]).startswith("fp32 x Infinity")]
+    assert vs["figure"] == "4.00x / 3.81x"
+
+
+def test_targets_not_measured_are_not_met_nor_failed() -> None:
+    rows = targets([suite(served("vectorpress fp32", 5_000, 5_000))], None)
+    got = verdicts(rows)
+    assert got["fp32 over HTTP"] is False
+    assert got["bf16 over HTTP"] is None
+    assert got["fp32 x Infinity's faster engine"] is None
+
+
+def test_the_history_widens_old_rows_and_adds_one_per_model_method_and_rerank(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "history.md"
+    old = "| 20261129T123904Z | `python bench/run.py --quick` | vectorpress fp32 | 2,154 | 1,715 (1x64) | 63% | 18.8 |"  # noqa: E501
+    path.write_text(
+        "# Benchmark history\n\n| run | command | method |\n|---|---|---|\n" + old + "\n"
+    )
+    main = suite(served("vectorpress bf16", 13_000, 12_000, cos=0.9995))
+    rerank_result = Result("vectorpress fp32", score_diff=1e-7)
+    rerank_result.load = {"20x1": {"pairs_per_s": 40.0}, "20x4": {"pairs_per_s": 60.0}}
+    data = {
+        "meta": {"stamp": "S", "command": "c", "model": "m"},
+        "ceiling": main.ceiling,
+        "results": [asdict(r) for r in main.results],
+        "second": [],
+        "rerank": {
+            "per_query": 20,
+            "ceiling": {**CEILING, "tokens_per_pair": 100.0},
+            "results": [asdict(rerank_result)],
+        },
+    }
+    append_history(data, path)
+    lines = path.read_text().splitlines()
+    header = next(line for line in lines if line.startswith("| run"))
+    columns = header.count(" | ") + 1
+    rows = [line for line in lines if line.startswith("| 2") or line.startswith("| S")]
+    assert len(rows) == 1 + 3
+    assert all(row.count(" | ") + 1 == columns for row in rows), rows
+    assert rows[0] == widen(old) and "| all-MiniLM-L6-v2 | vectorpress fp32 | 2,154 |" in rows[0]
+    bf16 = next(r for r in rows if "vectorpress bf16" in r)
+    assert "| 130% | 65% | 0.9995 / 0.9995 |" in bf16  # of fp32's ceiling, of bf16's
+    assert "60 pairs/s (20x4) | 40 pairs/s (20x1) | 60% | 60% |" in rows[-1]
+    assert history_rows(data) == rows[1:]
+
+
+def test_rerank_queries_are_short_texts_each_with_twenty_medium_passages() -> None:
+    queries = rerank_queries(5)
+    assert len(queries) == 5 and all(len(p) == PER_QUERY for _, p in queries)
+    pool = corpus(5 * PER_QUERY * 3, seed=1)
+    medium = {t for i, t in enumerate(pool) if kind(i) == "medium"}
+    short = {t for i, t in enumerate(pool) if kind(i) == "short"}
+    assert all(q in short and set(p) <= medium for q, p in queries)
+    assert len({p for _, ps in queries for p in ps}) == 5 * PER_QUERY
+
+
+def test_targets_take_the_fastest_backend_of_each_dtype_and_name_it() -> None:
+    quick = served("vectorpress openvino fp32", 7_000, 9_000)  # slower on 32x4: 70% < 75%
+    quick.short_p50_ms = 2.0
+    rows = targets(
+        [
+            suite(
+                served("vectorpress fp32", 7_600, 8_000),
+                quick,
+                served("vectorpress bf16", 13_200, 12_000, cos=0.9995),
+                served("vectorpress openvino bf16", 14_000, 13_500, cos=0.9996),  # 70% / 68%
+            )
+        ],
+        None,
+    )
+    by = {str(r["what"]).split(" (")[0].split(",")[0]: r for r in rows}
+    assert by["fp32 over HTTP"]["met"] is True  # torch's 76% / 80%, its slower load the higher
+    assert "[vectorpress fp32]" in str(by["fp32 over HTTP"]["what"])
+    assert by["bf16 over HTTP"]["met"] is True
+    assert "[vectorpress openvino bf16]" in str(by["bf16 over HTTP"]["what"])
+    short = next(r for r in rows if str(r["what"]).startswith("one short query"))
+    assert short["figure"] == "2.00 ms" and "[vectorpress openvino fp32]" in str(short["what"])

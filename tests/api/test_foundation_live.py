@@ -144,6 +144,9 @@ def test_info_and_health(server: LiveServer) -> None:
         "version",
         "sha",
         "docker_label",
+        # Extensions after TEI's fields, so that TEI's own order holds.
+        "windowed_inputs",
+        "window_overlap",
     ]
     assert info["model_type"] == {"embedding": {"pooling": "mean"}}
     assert info["max_input_length"] == 256 and info["model_dtype"] == "float32"

@@ -53,14 +53,14 @@ class ModelState:
             "max_batch_requests": queue.max_batch_requests,
             "max_client_batch_size": self.settings.max_client_batch_size,
             "auto_truncate": self.settings.auto_truncate,
-            # Beyond TEI's fields: the default of a request's `windowed` (long inputs as
-            # pooled windows), false for a model whose outputs are never windowed.
-            "windowed_inputs": self.settings.windowed_inputs and spec.windows,
-            "window_overlap": self.settings.window_overlap,
             "tokenization_workers": self.infer.tokenizers.workers,
             "version": __version__,
             "sha": None,
             "docker_label": None,
+            # After TEI's fields, which keep TEI's order: the default of a request's
+            # `windowed` (long inputs as pooled windows), false where outputs never window.
+            "windowed_inputs": self.settings.windowed_inputs and spec.windows,
+            "window_overlap": self.settings.window_overlap,
         }
 
 

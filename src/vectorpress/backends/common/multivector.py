@@ -15,8 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vectorpress.backends.common.dense import load_dense
+from vectorpress.backends.common.pooling import rows_of
+from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.errors import StartupError
-from vectorpress.model_spec import M3Spec
+from vectorpress.model_spec import M3Spec, ModelSpec
+from vectorpress.types import Batch
 
 #: Keys of a MULTI entry's dict: the pooled dense vector, the sparse weights as parallel arrays
 #: of token ids and weights (ids ascending), and the per-token vectors.
@@ -108,3 +112,41 @@ def colbert_outputs(
     vectors = F.normalize(project(rows).float(), dim=-1).cpu().numpy()
     bounds = [0, *itertools.accumulate(lengths)]
     return [{COLBERT: vectors[a:b]} for a, b in itertools.pairwise(bounds)]
+
+
+class MultiVectorHeads:
+    """A model's heads that read every token's hidden state (bge-m3's, or a ColBERT model's
+    projection), in float32 torch on `device` whatever backend made the hidden states, so that
+    every backend turns its MULTI entries into the same outputs."""
+
+    def __init__(self, spec: ModelSpec, device: str | torch.device = "cpu") -> None:
+        self.architecture = spec.architecture
+        self.m3 = (
+            load_m3_heads(spec.m3, spec.hidden_size).to(device=device, dtype=torch.float32)
+            if spec.m3 is not None
+            else None
+        )
+        self.unused_token_ids = spec.m3.unused_token_ids if spec.m3 is not None else ()
+        self.colbert = (
+            nn.Sequential(*(load_dense(d) for d in spec.colbert.dense))
+            .eval()
+            .to(device=device, dtype=torch.float32)
+            if spec.colbert is not None
+            else None
+        )
+
+    def outputs(
+        self, batch: Batch, hidden: torch.Tensor, seqs: PackedSequences
+    ) -> list[dict[str, np.ndarray]]:
+        """The outputs of the batch's MULTI entries, from its packed hidden states."""
+        which = list(batch.multi_indices)
+        if not which:
+            return []
+        rows, lengths = rows_of(hidden, seqs, which)
+        if self.colbert is not None:
+            return colbert_outputs(self.colbert, rows.float(), lengths)
+        if self.m3 is None:
+            raise StartupError(f"{self.architecture} has no multi-vector head")
+        cu = batch.cu_seqlens
+        ids = np.concatenate([batch.input_ids[cu[i] : cu[i + 1]] for i in which])
+        return m3_outputs(self.m3, rows.float(), lengths, ids, self.unused_token_ids)

@@ -19,15 +19,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from vectorpress.backends.common.buckets import buckets, padded_inputs
 from vectorpress.backends.common.cache import build_cache
 from vectorpress.backends.common.dense import load_dense
-from vectorpress.backends.common.multivector import colbert_outputs, load_m3_heads, m3_outputs
+from vectorpress.backends.common.multivector import MultiVectorHeads
 from vectorpress.backends.common.pooling import (
     pool,
-    rows_of,
     splade_block_rows,
     splade_from_logits,
     splade_vectors,
@@ -213,12 +211,7 @@ class OnnxBackend:
         self.dense = [load_dense(d).eval() for d in spec.dense]
         # The heads that read every token's hidden state (bge-m3's, ColBERT's projection) and
         # an LLM reranker's one-row answer head run in torch, as the native backend's do.
-        self.m3 = load_m3_heads(spec.m3, spec.hidden_size) if spec.m3 is not None else None
-        self.colbert = (
-            nn.Sequential(*(load_dense(d) for d in spec.colbert.dense)).eval()
-            if spec.colbert is not None
-            else None
-        )
+        self.multi = MultiVectorHeads(spec)
         self.answer = load_head(spec).eval() if spec.llm_rerank is not None else None
         self.mlm_head: MLMHead | None = None
         if spec.is_splade and self.output != "logits":
@@ -300,22 +293,7 @@ class OnnxBackend:
             hidden[seqs.starts[i] : seqs.starts[i] + seqs.lengths[i]].numpy()
             for i in batch.raw_indices
         ]
-        return BatchOutput(pooled, raw, self._multi(batch, hidden, seqs))
-
-    def _multi(
-        self, batch: Batch, hidden: torch.Tensor, seqs: PackedSequences
-    ) -> list[dict[str, np.ndarray]]:
-        which = list(batch.multi_indices)
-        if not which:
-            return []
-        rows, lengths = rows_of(hidden, seqs, which)
-        if self.colbert is not None:
-            return colbert_outputs(self.colbert, rows, lengths)
-        if self.m3 is None or self.spec.m3 is None:
-            raise StartupError(f"{self.spec.architecture} has no multi-vector head")
-        cu = batch.cu_seqlens
-        ids = np.concatenate([batch.input_ids[cu[i] : cu[i + 1]] for i in which])
-        return m3_outputs(self.m3, rows, lengths, ids, self.spec.m3.unused_token_ids)
+        return BatchOutput(pooled, raw, self.multi.outputs(batch, hidden, seqs))
 
     def _splade_from_logits(self, batch: Batch) -> np.ndarray:
         """SPLADE vectors from a graph that gives every token's vocabulary scores, run in

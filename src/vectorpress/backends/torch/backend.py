@@ -14,11 +14,10 @@ from vectorpress.backends.common.calibration import calibration_batch
 from vectorpress.backends.common.dense import load_dense
 from vectorpress.backends.common.device import pick_device
 from vectorpress.backends.common.loader import load_state_dict, remap, strict_load
-from vectorpress.backends.common.multivector import colbert_outputs, load_m3_heads, m3_outputs
+from vectorpress.backends.common.multivector import MultiVectorHeads
 from vectorpress.backends.common.pooling import (
     last_non_pad_rows,
     pool,
-    rows_of,
     splade_vectors,
 )
 from vectorpress.backends.common.sequences import PackedSequences
@@ -207,18 +206,7 @@ class TorchBackend:
         self.dense = [
             load_dense(d).eval().to(device=device, dtype=torch.float32) for d in spec.dense
         ]
-        self.m3 = (
-            load_m3_heads(spec.m3, spec.hidden_size).to(device=device, dtype=torch.float32)
-            if spec.m3 is not None
-            else None
-        )
-        self.colbert = (
-            nn.Sequential(*(load_dense(d) for d in spec.colbert.dense))
-            .eval()
-            .to(device=device, dtype=torch.float32)
-            if spec.colbert is not None
-            else None
-        )
+        self.multi = MultiVectorHeads(spec, device)
         self.passes = CpuPasses(INT8_PASS_TOKENS if int8 else CPU_PASS_TOKENS, plan)
         if int8:
             self._quantize()
@@ -272,23 +260,7 @@ class TorchBackend:
             hidden[seqs.starts[i] : seqs.starts[i] + seqs.lengths[i]].float().cpu().numpy()
             for i in batch.raw_indices
         ]
-        return BatchOutput(pooled, raw, self._multi(batch, hidden, seqs))
-
-    def _multi(
-        self, batch: Batch, hidden: torch.Tensor, seqs: PackedSequences
-    ) -> list[dict[str, np.ndarray]]:
-        which = list(batch.multi_indices)
-        if not which:
-            return []
-        rows, lengths = rows_of(hidden, seqs, which)
-        if self.colbert is not None:
-            return colbert_outputs(self.colbert, rows.float(), lengths)
-        if self.m3 is None:
-            raise StartupError(f"{self.spec.architecture} has no multi-vector head")
-        cu = batch.cu_seqlens
-        ids = np.concatenate([batch.input_ids[cu[i] : cu[i + 1]] for i in which])
-        assert self.spec.m3 is not None
-        return m3_outputs(self.m3, rows.float(), lengths, ids, self.spec.m3.unused_token_ids)
+        return BatchOutput(pooled, raw, self.multi.outputs(batch, hidden, seqs))
 
     @torch.inference_mode()
     def predict(self, batch: Batch) -> BatchOutput:

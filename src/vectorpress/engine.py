@@ -14,12 +14,13 @@ through the queue in token-budget batches.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from dataclasses import fields, replace
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import numpy as np
 
@@ -33,6 +34,7 @@ from vectorpress.settings import ModelSettings, ServerSettings, Settings
 from vectorpress.types import Truncation
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 __all__ = ["AsyncEngine", "Engine", "engine_settings"]
 
@@ -118,43 +120,40 @@ class _Calls:
         self.infer = infer
         self.size = infer.max_client_batch_size
 
-    async def _gather(self, calls: list[Coroutine[Any, Any, Result[list[T]]]]) -> Result[list[T]]:
+    def _cut(self, inputs: Sequence[T]) -> list[Sequence[T]]:
+        return _chunks(inputs, self.size) or [inputs]
+
+    async def _each(
+        self,
+        call: Callable[..., Coroutine[Any, Any, Result[list[T]]]],
+        inputs: Sequence[Any],
+        **kw: Any,
+    ) -> Result[list[T]]:
+        """`call` on each request's slice of `inputs`, waiting for admission, merged."""
+        calls = (call(c, wait_for_permits=True, **kw) for c in self._cut(inputs))
         return _merge(list(await asyncio.gather(*calls)))
 
     async def embed(self, texts: Sequence[str], **kw: Any) -> Result[list[np.ndarray]]:
-        chunks = _chunks(texts, self.size) or [texts]
-        return await self._gather(
-            [self.infer.embed(c, wait_for_permits=True, **kw) for c in chunks]
-        )
+        return await self._each(self.infer.embed, texts, **kw)
 
     async def embed_sparse(
         self, texts: Sequence[str], **kw: Any
     ) -> Result[list[tuple[np.ndarray, np.ndarray]]]:
-        chunks = _chunks(texts, self.size) or [texts]
-        return await self._gather(
-            [self.infer.embed_sparse(c, wait_for_permits=True, **kw) for c in chunks]
-        )
+        return await self._each(self.infer.embed_sparse, texts, **kw)
 
     async def embed_all(self, texts: Sequence[str], **kw: Any) -> Result[list[np.ndarray]]:
-        chunks = _chunks(texts, self.size) or [texts]
-        return await self._gather(
-            [self.infer.embed_all(c, wait_for_permits=True, **kw) for c in chunks]
-        )
+        return await self._each(self.infer.embed_all, texts, **kw)
 
     async def predict(
         self, inputs: Sequence[PairInput], **kw: Any
     ) -> Result[list[list[tuple[str, float]]]]:
-        chunks = _chunks(inputs, self.size) or [inputs]
-        return await self._gather(
-            [self.infer.predict(c, wait_for_permits=True, **kw) for c in chunks]
-        )
+        return await self._each(self.infer.predict, inputs, **kw)
 
     async def rerank(
         self, query: str, texts: Sequence[str], **kw: Any
     ) -> Result[list[tuple[int, float]]]:
-        chunks = _chunks(texts, self.size) or [texts]
         parts = await asyncio.gather(
-            *(self.infer.rerank(query, c, wait_for_permits=True, **kw) for c in chunks)
+            *(self.infer.rerank(query, c, wait_for_permits=True, **kw) for c in self._cut(texts))
         )
         # Each part ranks its own slice; the whole list is ranked again by TEI's rule.
         scores = [0.0] * len(texts)
@@ -170,9 +169,7 @@ class _Calls:
 
     async def tokenize(self, texts: Sequence[str], **kw: Any) -> list[Tokens]:
         out: list[Tokens] = []
-        for part in await asyncio.gather(
-            *(self.infer.tokenize(c, **kw) for c in (_chunks(texts, self.size) or [texts]))
-        ):
+        for part in await asyncio.gather(*(self.infer.tokenize(c, **kw) for c in self._cut(texts))):
             out.extend(part)
         return out
 
@@ -237,153 +234,18 @@ class _Base:
         """Finish queued work, stop the device thread and the loop; idempotent."""
         self._rt.close()
 
-
-class Engine(_Base):
-    """The pipeline in-process, called synchronously from any thread.
-
-    >>> with Engine("sentence-transformers/all-MiniLM-L6-v2") as engine:
-    ...     vectors = engine.embed(["A man is eating food.", "A man is eating bread."])
-    """
-
-    def _wait(self, coro: Coroutine[Any, Any, T]) -> T:
-        return self._rt.submit(coro).result()
-
-    def embed_result(self, texts: Sequence[str], **options: Any) -> Result[list[np.ndarray]]:
-        """The full Result of `embed` (vectors plus each input's token count)."""
-        return self._wait(self._calls.embed(texts, **options))
-
-    def run_coroutine(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run a coroutine on the pipeline's event loop, where `engine.infer` can be awaited
-        directly (what an API dialect's handler does), and wait for it."""
-        return self._wait(coro)
-
-    def result(self, call: str, inputs: Sequence[Any], **options: Any) -> Result[Any]:
-        """The full Result of `embed`, `embed_sparse`, `embed_all` or `predict`: the values as
-        the pipeline gives them, usage, and each input's token count (what batch jobs write)."""
-        if call not in ("embed", "embed_sparse", "embed_all", "predict"):
-            raise ValueError(f"unknown call {call!r}")
-        return self._wait(getattr(self._calls, call)(inputs, **options))
-
-    def embed(
-        self,
-        texts: str | Sequence[str],
-        *,
-        normalize: bool = True,
-        truncate: bool | None = None,
-        direction: Truncation = Truncation.RIGHT,
-        prompt_name: str | None = None,
-        dimensions: int | None = None,
-    ) -> np.ndarray:
-        """(n, dim) float32 vectors; a single string gives one (dim,) vector."""
-        items, single = _texts(texts)
-        result = self.embed_result(
-            items,
-            normalize=normalize,
-            truncate=truncate,
-            direction=direction,
-            prompt_name=prompt_name,
-            dimensions=dimensions,
-        )
-        out = np.stack(result.values).astype(np.float32, copy=False)
-        return out[0] if single else out
-
-    def embed_sparse(
-        self,
-        texts: Sequence[str],
-        *,
-        truncate: bool | None = None,
-        direction: Truncation = Truncation.RIGHT,
-        prompt_name: str | None = None,
-    ) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per text, (indices, values) of the SPLADE vector's non-zero entries."""
-        return self._wait(
-            self._calls.embed_sparse(
-                texts, truncate=truncate, direction=direction, prompt_name=prompt_name
-            )
-        ).values
-
-    def embed_all(
-        self,
-        texts: Sequence[str],
-        *,
-        truncate: bool | None = None,
-        direction: Truncation = Truncation.RIGHT,
-        prompt_name: str | None = None,
-    ) -> list[np.ndarray]:
-        """Per text, the (tokens, hidden) last hidden state."""
-        return self._wait(
-            self._calls.embed_all(
-                texts, truncate=truncate, direction=direction, prompt_name=prompt_name
-            )
-        ).values
-
-    def predict(
-        self,
-        inputs: Sequence[PairInput],
-        *,
-        truncate: bool | None = None,
-        direction: Truncation = Truncation.RIGHT,
-        raw_scores: bool = False,
-    ) -> list[list[tuple[str, float]]]:
-        """Per input (a text or a pair), every (label, score), best first."""
-        return self._wait(
-            self._calls.predict(
-                inputs, truncate=truncate, direction=direction, raw_scores=raw_scores
-            )
-        ).values
-
-    def rerank(
-        self,
-        query: str,
-        texts: Sequence[str],
-        *,
-        truncate: bool | None = None,
-        direction: Truncation = Truncation.RIGHT,
-        raw_scores: bool = False,
-    ) -> list[tuple[int, float]]:
-        """(index, score) of each text, best first, as POST /rerank orders them."""
-        return self._wait(
-            self._calls.rerank(
-                query, texts, truncate=truncate, direction=direction, raw_scores=raw_scores
-            )
-        ).values
-
-    def tokenize(
-        self,
-        texts: Sequence[str],
-        *,
-        add_special_tokens: bool = True,
-        prompt_name: str | None = None,
-    ) -> list[Tokens]:
-        return self._wait(
-            self._calls.tokenize(
-                texts, add_special_tokens=add_special_tokens, prompt_name=prompt_name
-            )
-        )
-
-    def __enter__(self) -> Engine:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-class AsyncEngine(_Base):
-    """The same pipeline, awaited from any event loop.
-
-    >>> async with AsyncEngine("BAAI/bge-small-en-v1.5") as engine:
-    ...     vectors = await engine.embed(["query: what is vectorpress?"])
-    """
-
     async def _wait(self, coro: Coroutine[Any, Any, T]) -> T:
-        return await asyncio.wrap_future(self._rt.submit(coro))
+        """`coro` run on the pipeline's loop: the one way a call reaches it."""
+        raise NotImplementedError
+
+
+class _Methods(_Base):
+    """The calls both engines offer, written once as coroutines. Each reaches the pipeline
+    only through `_wait`: AsyncEngine's suspends until the loop is done, Engine's blocks (see
+    `_blocking`), and either way the results are shaped in the caller's own thread."""
 
     async def embed_result(self, texts: Sequence[str], **options: Any) -> Result[list[np.ndarray]]:
+        """The full Result of `embed` (vectors plus each input's token count)."""
         return await self._wait(self._calls.embed(texts, **options))
 
     async def embed(
@@ -396,14 +258,17 @@ class AsyncEngine(_Base):
         prompt_name: str | None = None,
         dimensions: int | None = None,
     ) -> np.ndarray:
+        """(n, dim) float32 vectors; a single string gives one (dim,) vector."""
         items, single = _texts(texts)
-        result = await self.embed_result(
-            items,
-            normalize=normalize,
-            truncate=truncate,
-            direction=direction,
-            prompt_name=prompt_name,
-            dimensions=dimensions,
+        result = await self._wait(
+            self._calls.embed(
+                items,
+                normalize=normalize,
+                truncate=truncate,
+                direction=direction,
+                prompt_name=prompt_name,
+                dimensions=dimensions,
+            )
         )
         out = np.stack(result.values).astype(np.float32, copy=False)
         return out[0] if single else out
@@ -416,6 +281,7 @@ class AsyncEngine(_Base):
         direction: Truncation = Truncation.RIGHT,
         prompt_name: str | None = None,
     ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per text, (indices, values) of the SPLADE vector's non-zero entries."""
         result = await self._wait(
             self._calls.embed_sparse(
                 texts, truncate=truncate, direction=direction, prompt_name=prompt_name
@@ -431,6 +297,7 @@ class AsyncEngine(_Base):
         direction: Truncation = Truncation.RIGHT,
         prompt_name: str | None = None,
     ) -> list[np.ndarray]:
+        """Per text, the (tokens, hidden) last hidden state."""
         result = await self._wait(
             self._calls.embed_all(
                 texts, truncate=truncate, direction=direction, prompt_name=prompt_name
@@ -446,6 +313,7 @@ class AsyncEngine(_Base):
         direction: Truncation = Truncation.RIGHT,
         raw_scores: bool = False,
     ) -> list[list[tuple[str, float]]]:
+        """Per input (a text or a pair), every (label, score), best first."""
         result = await self._wait(
             self._calls.predict(
                 inputs, truncate=truncate, direction=direction, raw_scores=raw_scores
@@ -462,6 +330,7 @@ class AsyncEngine(_Base):
         direction: Truncation = Truncation.RIGHT,
         raw_scores: bool = False,
     ) -> list[tuple[int, float]]:
+        """(index, score) of each text, best first, as POST /rerank orders them."""
         result = await self._wait(
             self._calls.rerank(
                 query, texts, truncate=truncate, direction=direction, raw_scores=raw_scores
@@ -481,6 +350,81 @@ class AsyncEngine(_Base):
                 texts, add_special_tokens=add_special_tokens, prompt_name=prompt_name
             )
         )
+
+
+def _blocking(
+    call: Callable[Concatenate[Any, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[Engine, P], T]:
+    """An Engine method from one of `_Methods`' coroutines, run to its end at once: its only
+    await is Engine's `_wait`, which blocks on the pipeline's loop instead of suspending."""
+
+    @functools.wraps(call)
+    def method(self: Engine, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        coro = call(self, *args, **kwargs)
+        try:
+            coro.send(None)
+        except StopIteration as done:
+            return cast(T, done.value)
+        coro.close()
+        raise RuntimeError(f"Engine.{call.__name__} suspended instead of blocking")
+
+    return method
+
+
+class Engine(_Base):
+    """The pipeline in-process, called synchronously from any thread.
+
+    >>> with Engine("sentence-transformers/all-MiniLM-L6-v2") as engine:
+    ...     vectors = engine.embed(["A man is eating food.", "A man is eating bread."])
+    """
+
+    async def _wait(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self._block(coro)
+
+    def _block(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self._rt.submit(coro).result()
+
+    embed_result = _blocking(_Methods.embed_result)
+    embed = _blocking(_Methods.embed)
+    embed_sparse = _blocking(_Methods.embed_sparse)
+    embed_all = _blocking(_Methods.embed_all)
+    predict = _blocking(_Methods.predict)
+    rerank = _blocking(_Methods.rerank)
+    tokenize = _blocking(_Methods.tokenize)
+
+    def run_coroutine(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine on the pipeline's event loop, where `engine.infer` can be awaited
+        directly (what an API dialect's handler does), and wait for it."""
+        return self._block(coro)
+
+    def result(self, call: str, inputs: Sequence[Any], **options: Any) -> Result[Any]:
+        """The full Result of `embed`, `embed_sparse`, `embed_all` or `predict`: the values as
+        the pipeline gives them, usage, and each input's token count (what batch jobs write)."""
+        if call not in ("embed", "embed_sparse", "embed_all", "predict"):
+            raise ValueError(f"unknown call {call!r}")
+        return self._block(getattr(self._calls, call)(inputs, **options))
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class AsyncEngine(_Methods):
+    """The same pipeline, awaited from any event loop.
+
+    >>> async with AsyncEngine("BAAI/bge-small-en-v1.5") as engine:
+    ...     vectors = await engine.embed(["query: what is vectorpress?"])
+    """
+
+    async def _wait(self, coro: Coroutine[Any, Any, T]) -> T:
+        return await asyncio.wrap_future(self._rt.submit(coro))
 
     async def aclose(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.close)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from vectorpress.errors import StartupError
+from vectorpress.hub import resolve_model
 from vectorpress.settings import ModelSettings
 from vectorpress.types import OutputKind
 
@@ -584,3 +585,17 @@ def load_model_spec(folder: Path, settings: ModelSettings) -> ModelSpec:
         colbert=colbert,
         llm_rerank=llm_rerank,
     )
+
+
+def resolve_model_spec(settings: ModelSettings) -> ModelSpec:
+    """The model that `settings` names, found (or downloaded) and read: its files alone, no
+    weights loaded."""
+    folder = resolve_model(
+        settings.model_id,
+        settings.revision,
+        settings.hf_token,
+        settings.huggingface_hub_cache,
+        want_onnx=settings.backend in ("onnx", "openvino"),
+        dense_path=settings.dense_path,
+    )
+    return load_model_spec(folder, settings)

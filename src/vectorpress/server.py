@@ -32,8 +32,7 @@ from vectorpress.core.tokenization import TokenizerPool
 from vectorpress.core.worker import BackendWorker, limit_malloc_arenas
 from vectorpress.cpus import available_cpus
 from vectorpress.errors import StartupError
-from vectorpress.hub import resolve_model
-from vectorpress.model_spec import ModelSpec, load_model_spec
+from vectorpress.model_spec import ModelSpec, resolve_model_spec
 from vectorpress.observability.tracing import Tracing
 from vectorpress.settings import ModelSettings, ServerSettings, Settings
 from vectorpress.types import Batch, Encoding
@@ -259,15 +258,7 @@ def _load_one(
     server = config.server
     name = settings.model_name
     try:
-        folder = resolve_model(
-            settings.model_id,
-            settings.revision,
-            settings.hf_token,
-            settings.huggingface_hub_cache,
-            want_onnx=settings.backend in ("onnx", "openvino"),
-            dense_path=settings.dense_path,
-        )
-        spec = load_model_spec(folder, settings)
+        spec = resolve_model_spec(settings)
         backend = scheduler.call(lambda: make_backend(spec, settings))
         scheduler.call(lambda: warm_up(backend, spec, settings))
         calibration = scheduler.call(lambda: calibrate(backend, spec))

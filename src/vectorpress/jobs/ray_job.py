@@ -26,6 +26,7 @@ from vectorpress.jobs.local import Progress, Summary, finish, header, plan, read
 from vectorpress.jobs.manifest import Output, ShardRecord
 from vectorpress.jobs.shard import ShardRef, process_shard
 from vectorpress.jobs.spec import JobSpec, resolve_task
+from vectorpress.model_spec import resolve_model_spec
 from vectorpress.settings import ModelSettings
 
 log = logging.getLogger("vectorpress.jobs")
@@ -71,22 +72,6 @@ class ShardWorker:
         return {"record": records}
 
 
-def _model_spec(settings: ModelSettings) -> Any:
-    """What the model is, from its files alone: the driver loads no weights."""
-    from vectorpress.hub import resolve_model
-    from vectorpress.model_spec import load_model_spec
-
-    folder = resolve_model(
-        settings.model_id,
-        settings.revision,
-        settings.hf_token,
-        settings.huggingface_hub_cache,
-        want_onnx=settings.backend in ("onnx", "openvino"),
-        dense_path=settings.dense_path,
-    )
-    return load_model_spec(folder, settings)
-
-
 def run_ray(
     job: JobSpec, settings: ModelSettings, options: RayOptions, progress: str = "auto"
 ) -> Summary:
@@ -99,7 +84,7 @@ def run_ray(
     # Actors run elsewhere: every path they see must be absolute.
     job = JobSpec(**{**job.__dict__, "output": str(Path(job.output).resolve()),
                      "inputs": tuple(str(Path(p).resolve()) for p in job.inputs)})  # fmt: skip
-    spec = _model_spec(settings)
+    spec = resolve_model_spec(settings)  # the driver loads no weights
     task = resolve_task(job.task, spec.kind, spec.is_splade)
     output = Output(job.output)
     head = header(job, settings, spec, task)

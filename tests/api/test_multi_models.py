@@ -115,6 +115,29 @@ ROUTES: list[tuple[str, str, dict[str, Any]]] = [
 ]
 
 
+def every_way_equals_alone(
+    server: LiveServer,
+    singles: dict[str, LiveServer],
+    name: str,
+    route: str,
+    body: dict[str, Any],
+    stable: Callable[[Any], Any] = lambda answer: answer,
+) -> tuple[Any, list[Any]]:
+    """The single-model server's answer and the multi-model server's by body `model`, by
+    `/models/<name>/` and by `x-model`, each asserted equal to it once through `stable`."""
+    alone = stable(ok(post(singles[name], route, body)))
+    answers = []
+    for way, response in (
+        ("body", post(server, route, {**body, "model": name})),
+        ("path", post(server, f"/models/{name}{route}", body)),
+        ("header", post(server, route, body, headers={"x-model": name})),
+    ):
+        got = ok(response)
+        assert stable(got) == alone, f"{name} {route} by {way}"
+        answers.append(got)
+    return alone, answers
+
+
 @pytest.mark.parametrize(("name", "route", "body"), ROUTES, ids=lambda v: str(v)[:24])
 def test_every_route_by_body_and_by_path_equals_a_single_model_server(
     server: LiveServer,
@@ -123,14 +146,8 @@ def test_every_route_by_body_and_by_path_equals_a_single_model_server(
     route: str,
     body: dict[str, Any],
 ) -> None:
-    alone = ok(post(singles[name], route, body))
-    by_body = ok(post(server, route, {**body, "model": name}))
-    by_path = ok(post(server, f"/models/{name}{route}", body))
-    by_header = ok(post(server, route, body, headers={"x-model": name}))
     # JSON equal means float32 equal to the bit: both sides print float32's shortest digits.
-    assert by_body == alone, f"{name} {route} by body"
-    assert by_path == alone, f"{name} {route} by path"
-    assert by_header == alone, f"{name} {route} by header"
+    alone, _ = every_way_equals_alone(server, singles, name, route, body)
     if name == "minilm":  # the default model: no name at all
         assert ok(post(server, route, body)) == alone
 
@@ -164,14 +181,8 @@ def test_the_dialect_routes_by_body_path_and_header(
     route: str,
     body: dict[str, Any],
 ) -> None:
-    alone = _stable(ok(post(singles[name], route, body)))
-    for answer in (
-        post(server, route, {**body, "model": name}),
-        post(server, f"/models/{name}{route}", body),
-        post(server, route, body, headers={"x-model": name}),
-    ):
-        got = ok(answer)
-        assert _stable(got) == alone, (name, route)
+    _, answers = every_way_equals_alone(server, singles, name, route, body, _stable)
+    for got in answers:
         assert got.get("model", name) == name
     other = "minilm" if name == "reranker" else "reranker"
     # vLLM's /score takes an embedder too (its cosines); the others need their own kind.

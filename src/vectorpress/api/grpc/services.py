@@ -146,6 +146,35 @@ class _Service:
             raise ModelTypeError("model is not a re-ranker model")
 
 
+#: How an RPC's message is answered: (service, model, message, wait for permits, lane).
+Handler = Callable[[Any, ModelState, Any, bool, str | None], Awaitable[Answer]]
+
+
+def _unary_rpc(handle: Handler) -> Callable[..., Awaitable[Any]]:
+    """A unary RPC answered by `handle`, its permit taken at once."""
+
+    async def rpc(self: _Service, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._unary(
+            context, lambda m: handle(self, m, request, False, _priority(context))
+        )
+
+    return rpc
+
+
+def _stream_rpc(handle: Handler) -> Callable[..., AsyncIterator[Any]]:
+    """The streaming RPC of the same messages, each answered by `handle`, waiting for permits."""
+
+    async def rpc(
+        self: _Service, request_iterator: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        async for response in self._stream(
+            context, request_iterator, lambda m, r: handle(self, m, r, True, _priority(context))
+        ):
+            yield response
+
+    return rpc
+
+
 class InfoService(_Service, pb_grpc.InfoServicer):
     async def Info(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self._unary(context, self._info)
@@ -222,44 +251,12 @@ class EmbedService(_Service, pb_grpc.EmbedServicer):
         tokens = await answers.off_loop(hidden.size, _token_embeddings, hidden)
         return pb.EmbedAllResponse(token_embeddings=tokens, metadata=metadata(result)), result
 
-    async def Embed(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unary(
-            context, lambda m: self._embed(m, request, False, _priority(context))
-        )
-
-    async def EmbedStream(
-        self, request_iterator: Any, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[Any]:
-        async for response in self._stream(
-            context, request_iterator, lambda m, r: self._embed(m, r, True, _priority(context))
-        ):
-            yield response
-
-    async def EmbedSparse(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unary(
-            context, lambda m: self._sparse(m, request, False, _priority(context))
-        )
-
-    async def EmbedSparseStream(
-        self, request_iterator: Any, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[Any]:
-        async for response in self._stream(
-            context, request_iterator, lambda m, r: self._sparse(m, r, True, _priority(context))
-        ):
-            yield response
-
-    async def EmbedAll(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unary(
-            context, lambda m: self._all(m, request, False, _priority(context))
-        )
-
-    async def EmbedAllStream(
-        self, request_iterator: Any, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[Any]:
-        async for response in self._stream(
-            context, request_iterator, lambda m, r: self._all(m, r, True, _priority(context))
-        ):
-            yield response
+    Embed = _unary_rpc(_embed)
+    EmbedStream = _stream_rpc(_embed)
+    EmbedSparse = _unary_rpc(_sparse)
+    EmbedSparseStream = _stream_rpc(_sparse)
+    EmbedAll = _unary_rpc(_all)
+    EmbedAllStream = _stream_rpc(_all)
 
 
 def _pair(texts: Any) -> PairInput:
@@ -271,7 +268,7 @@ def _pair(texts: Any) -> PairInput:
 
 
 class PredictService(_Service, pb_grpc.PredictServicer):
-    async def _predict(
+    async def _classify(
         self,
         model: ModelState,
         inputs: PairInput,
@@ -290,40 +287,20 @@ class PredictService(_Service, pb_grpc.PredictServicer):
         predictions = [pb.Prediction(score=s, label=label) for label, s in result.values[0]]
         return pb.PredictResponse(predictions=predictions, metadata=metadata(result)), result
 
+    async def _predict(
+        self, model: ModelState, req: Any, wait: bool, priority: str | None = None
+    ) -> Answer:
+        return await self._classify(model, req.inputs, req, wait, priority)
+
     async def _predict_pair(
         self, model: ModelState, req: Any, wait: bool, priority: str | None = None
     ) -> Answer:
-        return await self._predict(model, _pair(req.inputs), req, wait, priority)
+        return await self._classify(model, _pair(req.inputs), req, wait, priority)
 
-    async def Predict(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unary(
-            context, lambda m: self._predict(m, request.inputs, request, False, _priority(context))
-        )
-
-    async def PredictPair(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unary(
-            context, lambda m: self._predict_pair(m, request, False, _priority(context))
-        )
-
-    async def PredictStream(
-        self, request_iterator: Any, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[Any]:
-        async for response in self._stream(
-            context,
-            request_iterator,
-            lambda m, r: self._predict(m, r.inputs, r, True, _priority(context)),
-        ):
-            yield response
-
-    async def PredictPairStream(
-        self, request_iterator: Any, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[Any]:
-        async for response in self._stream(
-            context,
-            request_iterator,
-            lambda m, r: self._predict_pair(m, r, True, _priority(context)),
-        ):
-            yield response
+    Predict = _unary_rpc(_predict)
+    PredictPair = _unary_rpc(_predict_pair)
+    PredictStream = _stream_rpc(_predict)
+    PredictPairStream = _stream_rpc(_predict_pair)
 
 
 class RerankService(_Service, pb_grpc.RerankServicer):

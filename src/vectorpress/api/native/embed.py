@@ -76,13 +76,14 @@ async def run_embed_sparse(
         prompt_name=body.prompt_name,
         priority=body.lane(priority),
     )
-    # Values stay float32 scalars: they serialize with float32's shortest digits, as TEI's f32
-    # values do (a Python float would print the widened double's 17).
-    payload = [
-        [{"index": i, "value": v} for i, v in zip(idx.tolist(), val, strict=True)]
-        for idx, val in result.values
-    ]
-    return payload, result
+    return [_sparse(idx, val) for idx, val in result.values], result
+
+
+def _sparse(ids: np.ndarray, weights: np.ndarray) -> list[dict[str, Any]]:
+    """A sparse vector as TEI writes one. Values stay float32 scalars: they serialize with
+    float32's shortest digits, as TEI's f32 values do (a Python float would print the widened
+    double's 17)."""
+    return [{"index": i, "value": v} for i, v in zip(ids.tolist(), weights, strict=True)]
 
 
 def _vectors(array: np.ndarray, body: EmbedMultiRequest, calibration: Calibration | None) -> Any:
@@ -107,10 +108,7 @@ def multi_payload(
     if out.dense is not None:
         item["dense"] = _vectors(out.dense, body, calibration)
     if out.sparse is not None:
-        ids, weights = out.sparse
-        item["sparse"] = [
-            {"index": i, "value": v} for i, v in zip(ids.tolist(), weights, strict=True)
-        ]
+        item["sparse"] = _sparse(*out.sparse)
     if out.colbert is not None:
         item["colbert"] = _vectors(out.colbert, body, None)
     return item

@@ -375,12 +375,7 @@ class Infer:
 
             async def encode() -> list[Encoding]:
                 if not use_windows:
-                    return await self.tokenizers.encode(
-                        inputs,
-                        truncate=self._truncate(truncate),
-                        direction=direction,
-                        prompt_name=prompt_name,
-                    )
+                    return await self._encode_texts(inputs, truncate, direction, prompt_name)
                 if any(not isinstance(i, str) for i in inputs):
                     raise ValidationError(
                         "Input validation error: `windowed` inputs must be texts, not token ids"
@@ -428,12 +423,7 @@ class Infer:
             m3 = self.spec.m3 is not None
             run = await self._run(
                 len(inputs),
-                lambda: self.tokenizers.encode(
-                    inputs,
-                    truncate=self._truncate(truncate),
-                    direction=direction,
-                    prompt_name=prompt_name,
-                ),
+                lambda: self._encode_texts(inputs, truncate, direction, prompt_name),
                 OutputKind.MULTI if m3 else OutputKind.POOLED,
                 "embed",
                 wait_for_permits,
@@ -467,12 +457,7 @@ class Infer:
             self.check_batch(len(inputs))
             run = await self._run(
                 len(inputs),
-                lambda: self.tokenizers.encode(
-                    inputs,
-                    truncate=self._truncate(truncate),
-                    direction=direction,
-                    prompt_name=prompt_name,
-                ),
+                lambda: self._encode_texts(inputs, truncate, direction, prompt_name),
                 OutputKind.RAW,
                 "embed",
                 wait_for_permits,
@@ -557,12 +542,7 @@ class Infer:
         """Encodings for MULTI entries; a ColBERT model's with its prefix and query expansion."""
         colbert = self.spec.colbert
         if colbert is None:
-            return await self.tokenizers.encode(
-                inputs,
-                truncate=self._truncate(truncate),
-                direction=direction,
-                prompt_name=prompt_name,
-            )
+            return await self._encode_texts(inputs, truncate, direction, prompt_name)
         out: list[Encoding] = []
         for side in (True, False):
             which = [i for i, q in enumerate(queries) if q is side]
@@ -570,11 +550,11 @@ class Infer:
                 continue
             length = colbert.query_length if side else colbert.document_length
             prefix = colbert.query_prefix_id if side else colbert.document_prefix_id
-            encodings = await self.tokenizers.encode(
+            encodings = await self._encode_texts(
                 [inputs[i] for i in which],
-                truncate=self._truncate(truncate),
-                direction=direction,
-                prompt_name=prompt_name,
+                truncate,
+                direction,
+                prompt_name,
                 max_length=length - (prefix is not None),
             )
             out.extend(colbert_encoding(e, colbert, side) for e in encodings)
@@ -921,6 +901,23 @@ class Infer:
         return True
 
     # -- helpers -------------------------------------------------------------------------------
+
+    async def _encode_texts(
+        self,
+        inputs: Sequence[TextInput],
+        truncate: bool | None,
+        direction: Truncation,
+        prompt_name: str | None,
+        max_length: int | None = None,
+    ) -> list[Encoding]:
+        """Single inputs encoded as a request asks them (`truncate` None: --auto-truncate's)."""
+        return await self.tokenizers.encode(
+            inputs,
+            truncate=self._truncate(truncate),
+            direction=direction,
+            prompt_name=prompt_name,
+            max_length=max_length,
+        )
 
     def _truncate(self, truncate: bool | None) -> bool:
         return self.auto_truncate if truncate is None else truncate

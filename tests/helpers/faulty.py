@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from vectorpress.backends.base import Backend
 from vectorpress.backends.select import select_backend
+from vectorpress.core import giveway
 from vectorpress.model_spec import ModelSpec
 from vectorpress.settings import ModelSettings
 from vectorpress.types import Batch, BatchOutput
@@ -40,6 +41,8 @@ class FaultyBackend:
         self.events: list[tuple[str, int]] = []
         """("start", i) and ("end", i) for the i-th batch of `batches`, in the order they
         happened (a batch run inside another one's forward starts and ends between its two)."""
+        self.interactive_marked: list[bool] = []
+        """Whether each batch of `batches` ran marked as an interactive pass (core/giveway)."""
         self.started = threading.Event()
         self.started_at: list[float] = []
         """When each batch of `batches` started: orders batches of several backends."""
@@ -52,6 +55,7 @@ class FaultyBackend:
         index = len(self.batches) - 1
         self.started_at.append(time.perf_counter())
         self.events.append(("start", index))
+        self.interactive_marked.append(giveway.interactive_running())
         self.started.set()
         if self.gate is not None:
             self.gate.wait(60)

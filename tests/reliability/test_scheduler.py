@@ -138,6 +138,8 @@ def test_an_interactive_entry_runs_before_queued_bulk_units(
         assert events[:4] == [("start", 0), ("start", 1), ("end", 1), ("end", 0)]
     else:
         assert events[:4] == [("start", 0), ("end", 0), ("start", 1), ("end", 1)]
+    # Answer builders give way to the query's pass, not to the bulk passes.
+    assert model.backend.interactive_marked == [False, True, False, False]
 
 
 def test_bulk_is_not_starved_by_a_flood_of_queries(rig: Callable[[bool], Rig]) -> None:

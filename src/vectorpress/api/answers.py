@@ -4,18 +4,20 @@ orjson and protobuf hold the interpreter lock for the whole of one call, so one 
 answer (the hidden states of 32 inputs, the tokens of 60,000 CJK characters) stops the event
 loop, and every other request with it, even when made from another thread. Built on a thread
 in chunks of about a millisecond, the loop takes the lock back between chunks (Python hands it
-over every `sys.getswitchinterval()`, 5 ms) and goes on answering.
+over every `sys.getswitchinterval()`) and goes on answering; and between chunks the builder
+gives way to a running interactive forward pass (`core/giveway.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import numpy as np
 import orjson
+
+from vectorpress.core import giveway
 
 R = TypeVar("R")
 
@@ -33,7 +35,12 @@ async def off_loop(values: int, fn: Callable[..., R], *args: Any) -> R:
     """`fn(*args)` on the event loop when the answer is small, else on a thread."""
     if values <= INLINE_VALUES:
         return fn(*args)
-    return await asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args))
+    return await asyncio.get_running_loop().run_in_executor(None, _giving_way, fn, args)
+
+
+def _giving_way(fn: Callable[..., R], args: tuple[Any, ...]) -> R:
+    with giveway.may_give_way():
+        return fn(*args)
 
 
 async def json_body(payload: object) -> bytes:
@@ -73,6 +80,7 @@ def _dump_into(parts: list[bytes], payload: object) -> None:
             for i, item in enumerate(payload):
                 if i:
                     parts.append(b",")
+                    giveway.give_way()
                 _dump_into(parts, item)
             parts.append(b"]")
             return
@@ -96,6 +104,7 @@ def array_into(parts: list[bytes], chunks: Iterable[object]) -> None:
     parts.append(b"[")
     first = True
     for chunk in chunks:
+        giveway.give_way()
         body = orjson.dumps(chunk, option=_OPTIONS)[1:-1]
         if body:
             if not first:

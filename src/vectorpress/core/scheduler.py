@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from vectorpress.backends import preemption
+from vectorpress.core import giveway
 from vectorpress.core.queue import Lane, fail_entries
 from vectorpress.errors import UnhealthyError
 from vectorpress.types import Entry
@@ -260,7 +261,11 @@ class Scheduler:
         outer_bulk = self._in_bulk
         self._in_bulk = bulk
         try:
-            unit.flow.worker.run(unit.entries)
+            if bulk:
+                unit.flow.worker.run(unit.entries)
+            else:
+                with giveway.interactive_pass():
+                    unit.flow.worker.run(unit.entries)
         finally:
             self._in_bulk = outer_bulk
         # Not reached when the thread dies: the unit then stays listed, for `_die` to fail.

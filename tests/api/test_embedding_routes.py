@@ -12,19 +12,8 @@ import torch
 
 from tests.api.conftest import assert_error, post
 from tests.helpers.reference import assert_close_vectors
-from tests.helpers.server import LiveServer
+from tests.helpers.server import TIMING_HEADERS, LiveServer
 from vectorpress.settings import Settings
-
-TIMING_HEADERS = (
-    "x-compute-type",
-    "x-compute-time",
-    "x-compute-characters",
-    "x-compute-tokens",
-    "x-total-time",
-    "x-tokenization-time",
-    "x-queue-time",
-    "x-inference-time",
-)
 
 
 def ids_of(server: LiveServer, text: str, special: bool = True) -> list[int]:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.reference import assert_close_vectors, st_encode
-from tests.helpers.server import LiveServer
+from tests.helpers.server import TIMING_HEADERS, LiveServer
 from tests.helpers.texts import mixed_texts
 from vectorpress.settings import Settings
 
@@ -65,16 +65,7 @@ def test_single_string_gives_list_of_one_unit_vector(server: LiveServer) -> None
     body = response.json()
     assert len(body) == 1 and len(body[0]) == 384
     assert abs(np.linalg.norm(body[0]) - 1.0) < 1e-5
-    for header in (
-        "x-compute-type",
-        "x-compute-time",
-        "x-compute-characters",
-        "x-compute-tokens",
-        "x-total-time",
-        "x-tokenization-time",
-        "x-queue-time",
-        "x-inference-time",
-    ):
+    for header in TIMING_HEADERS:
         assert header in response.headers
     assert response.headers["x-compute-characters"] == "5"
     assert response.headers["x-compute-tokens"] == "3"

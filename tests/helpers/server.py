@@ -17,6 +17,19 @@ from vectorpress.settings import Settings
 if TYPE_CHECKING:
     from vectorpress.api.grpc.server import GrpcServer
 
+#: TEI's timing headers, as its HTTP answers and its gRPC initial metadata name them (written
+#: out from TEI's contract, not read from the code under test).
+TIMING_HEADERS = (
+    "x-compute-type",
+    "x-compute-time",
+    "x-compute-characters",
+    "x-compute-tokens",
+    "x-total-time",
+    "x-tokenization-time",
+    "x-queue-time",
+    "x-inference-time",
+)
+
 
 class LiveServer:
     """`with LiveServer(settings) as srv:` serves on 127.0.0.1 on a free port at `srv.url`.

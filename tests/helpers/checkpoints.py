@@ -218,6 +218,20 @@ _HEADS = {
 }
 
 
+def _task_config(task: str) -> dict[str, object]:
+    """The config fields of `task`'s head: three labels for a classifier, one score for a
+    reranker, none for an embedding model."""
+    if task == "classifier":
+        return {
+            "num_labels": 3,
+            "id2label": {0: "negative", 1: "neutral", 2: "positive"},
+            "label2id": {"negative": 0, "neutral": 1, "positive": 2},
+        }
+    if task == "reranker":
+        return {"num_labels": 1}
+    return {}
+
+
 def make_bert_family(
     dest: Path,
     arch: str = "bert",
@@ -230,16 +244,7 @@ def make_bert_family(
     import transformers as tf
 
     dest.mkdir(parents=True, exist_ok=True)
-    extra: dict[str, object] = {}
-    if task == "classifier":
-        extra = {
-            "num_labels": 3,
-            "id2label": {0: "negative", 1: "neutral", 2: "positive"},
-            "label2id": {"negative": 0, "neutral": 1, "positive": 2},
-        }
-    elif task == "reranker":
-        extra = {"num_labels": 1}
-    config = _config(arch, **extra)
+    config = _config(arch, **_task_config(task))
     torch.manual_seed(seed)
     model = getattr(tf, _HEADS[task]).from_config(config)
     # Random init draws LayerNorm to exactly 1/0; perturb so every weight matters in parity.
@@ -294,16 +299,7 @@ def make_tiny(
     if arch in ("bert", "roberta", "xlm-roberta", "camembert"):
         return make_bert_family(dest, arch, task, pooling, seed, dense)
     dest.mkdir(parents=True, exist_ok=True)
-    extra: dict[str, object] = {}
-    if task == "classifier":
-        extra = {
-            "num_labels": 3,
-            "id2label": {0: "negative", 1: "neutral", 2: "positive"},
-            "label2id": {"negative": 0, "neutral": 1, "positive": 2},
-        }
-    elif task == "reranker":
-        extra = {"num_labels": 1}
-    model_config = _config(arch, **extra, **config)
+    model_config = _config(arch, **_task_config(task), **config)
     torch.manual_seed(seed)
     model = getattr(tf, _HEADS[task]).from_config(model_config)
     with torch.no_grad():

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from tests.batch.corpus import BAD, read_output, rows, write_parquet
-from tests.helpers.ray_cluster import AUTH_ENV, LOOPBACK_ENV, RayCluster, free_port
+from tests.helpers.process import free_port
+from tests.helpers.ray_cluster import AUTH_ENV, LOOPBACK_ENV, RayCluster
 from vectorpress.engine import Engine
 from vectorpress.jobs.inputs import Columns
 from vectorpress.jobs.local import run_local

@@ -16,18 +16,13 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests.helpers.process import free_port
 from vectorpress.api.grpc.stubs import pb, pb_grpc
 
 # Distinct lengths, so each answer's compute_chars names the message it answers.
 POOL = [f"message {'word ' * k}end" for k in range(20)]
 MESSAGES = 600
 FIRST = 10
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_serving(target: str, proc: subprocess.Popen[str], timeout: float = 180) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,13 +21,9 @@ from typing import Any
 
 import psutil
 
+from tests.helpers.process import free_port
+
 RAY = Path(sys.executable).with_name("ray")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 #: Ray's single-machine switch (its default on macOS and Windows): with it, Ray keeps 127.0.0.1

@@ -14,16 +14,11 @@ from pathlib import Path
 
 import httpx
 
+from tests.helpers.process import free_port
 from tests.observability.scrape import scrape
 
 API_KEY = "sk-observability-api-key-1234"
 HF_TOKEN = "hf_observabilityTokenDoNotLog"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_json_output_lines_metrics_port_and_no_secrets(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.helpers.process import free_port
 from tests.helpers.server import LiveServer
 from tests.helpers.texts import mixed_texts
 from vectorpress.settings import Settings
@@ -54,12 +54,6 @@ def test_ten_times_the_permits_get_200_or_429_and_the_server_recovers(minilm: Pa
             )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _body(i: int, models: int) -> dict[str, str]:
     body = {"inputs": f"request number {i}"}
     if models > 1:
@@ -80,7 +74,7 @@ def _requests_seen(url: str) -> float:
 def test_sigterm_answers_every_request_in_flight_and_exits_0(models: int) -> None:
     """With two models, their requests interleave on the one device thread, and every model's
     in-flight requests are answered before the process exits."""
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.helpers.slow_server", str(port), "0.25", str(models)],

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.helpers.process import free_port
 from vectorpress.cli import BUNDLED_MODEL_NAME, settings_from_args
 from vectorpress.errors import StartupError
 
@@ -107,14 +107,8 @@ def test_bad_start_exits_with_one_clear_line(tmp_path: Path) -> None:
         assert "Traceback" not in proc.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_serve_subprocess_embeds_hello() -> None:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [
             sys.executable,

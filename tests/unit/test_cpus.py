@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.helpers.process import free_port
 from vectorpress.cpus import available_cpus, cgroup_cpu_limit
 
 
@@ -80,12 +80,6 @@ def test_unreadable_or_odd_files_mean_no_limit(tmp_path: Path) -> None:
     assert cgroup_cpu_limit(root, proc) is None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux affinity")
 def test_a_server_started_on_one_cpu_sizes_its_threads_by_it(
@@ -94,7 +88,7 @@ def test_a_server_started_on_one_cpu_sizes_its_threads_by_it(
     if available_cpus() < 2:
         pytest.skip("needs two CPUs to tell one from the host's count")
     one = min(os.sched_getaffinity(0))
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "stdout"
     cmd = [sys.executable, "-m", "vectorpress", "serve", "--model-id"]
     cmd += [str(tiny_bert_family()), "--hostname", "127.0.0.1", "--port", str(port)]

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.helpers.process import free_port
 from vectorpress.cli import settings_from_args
 from vectorpress.errors import StartupError
 
@@ -116,12 +117,6 @@ def test_bad_model_lists_raise_one_line(tmp_path: Path) -> None:
         assert needle in str(info.value) and "\n" not in str(info.value), args
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _serve(args: list[str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "vectorpress", "serve", "--hostname", "127.0.0.1", *args],
@@ -162,7 +157,7 @@ def test_a_model_that_fails_to_load_stops_everything(
     broken = tmp_path / "broken"
     shutil.copytree(tiny_bert_family("bert", "reranker"), broken)
     (broken / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00not json")
-    port = _free_port()
+    port = free_port()
     good = tiny_bert_family("bert", "embedding", "mean")
     models = ["--model-id", str(good), "--model-id", str(broken)]
     names = ["--served-model-name", "good", "--served-model-name", "broken"]
@@ -182,7 +177,7 @@ def test_serve_a_config_file(tmp_path: Path, tiny_bert_family: Callable[..., Pat
         f"[[models]]\nmodel_id = '{embedder}'\nserved_model_name = 'e'\n"
         f"[[models]]\nmodel_id = '{reranker}'\nserved_model_name = 'r'\naliases = ['rank']\n"
     )
-    port = _free_port()
+    port = free_port()
     proc = _serve(["--port", str(port), "--config", str(config)])
     url = f"http://127.0.0.1:{port}"
     try:

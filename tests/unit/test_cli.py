@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
-from tests.helpers.process import free_port
+from tests.helpers.process import ServerProcess
 from vectorpress.cli import BUNDLED_MODEL_NAME, settings_from_args
 from vectorpress.errors import StartupError
 
@@ -107,42 +106,12 @@ def test_bad_start_exits_with_one_clear_line(tmp_path: Path) -> None:
         assert "Traceback" not in proc.stderr
 
 
-def test_serve_subprocess_embeds_hello() -> None:
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "vectorpress",
-            "serve",
-            "--hostname",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--json-output",
-        ],
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            try:
-                response = httpx.post(
-                    f"http://127.0.0.1:{port}/embed", json={"inputs": "hello"}, timeout=30
-                )
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "server did not open its port"
-                time.sleep(0.2)
+def test_serve_subprocess_embeds_hello(tmp_path: Path) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    with ServerProcess(["--json-output"], env=env, logs=tmp_path) as srv:
+        response = httpx.post(f"{srv.url}/embed", json={"inputs": "hello"}, timeout=30)
         assert response.status_code == 200
         vectors = response.json()
         assert len(vectors) == 1 and len(vectors[0]) == 384
         assert abs(float(np.linalg.norm(vectors[0])) - 1.0) < 1e-5
-    finally:
-        proc.terminate()
-        proc.wait(30)
-    assert proc.returncode == 0
+    assert srv.stop() == 0, srv.output()[-4000:]

@@ -16,7 +16,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.helpers.process import free_port
+from tests.helpers.process import free_port, run_to_exit
 from vectorpress.api.grpc.stubs import pb, pb_grpc
 
 # Distinct lengths, so each answer's compute_chars names the message it answers.
@@ -132,14 +132,8 @@ def test_grpc_port_in_use_stops_start_up(tiny_bert_family: Callable[..., Path]) 
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        cmd = [sys.executable, "-m", "vectorpress", "serve", "--model-id"]
-        cmd += [str(tiny_bert_family()), "--hostname", "127.0.0.1", "--port", "0"]
-        done = subprocess.run(
-            [*cmd, "--grpc-port", str(port)],
-            capture_output=True,
-            text=True,
-            timeout=180,
-            check=False,
+        done = run_to_exit(
+            ["--model-id", str(tiny_bert_family()), "--grpc-port", str(port)],
             env={**os.environ, "HF_HUB_OFFLINE": "1"},
         )
     assert done.returncode == 1, done.stderr[-2000:]

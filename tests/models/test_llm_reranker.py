@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +13,7 @@ import pytest
 
 from tests.helpers.checkpoints import make_llm_reranker
 from tests.helpers.llm_reference import llm_rerank_scores
+from tests.helpers.process import run_to_exit
 from tests.helpers.server import LiveServer
 from vectorpress.errors import StartupError
 from vectorpress.settings import ModelSettings, Settings
@@ -128,14 +127,8 @@ def test_bad_set_ups_and_inputs(tmp_path: Path) -> None:
 )
 def test_a_bad_set_up_is_one_start_up_line(tmp_path: Path, flags: list[str], message: str) -> None:
     folder = make_llm_reranker(tmp_path / "tiny-reranker", "qwen3")
-    cmd = [sys.executable, "-m", "vectorpress", "serve", "--model-id", str(folder)]
-    done = subprocess.run(
-        [*cmd, "--hostname", "127.0.0.1", "--port", "0", *flags],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    done = run_to_exit(
+        ["--model-id", str(folder), *flags], env={**os.environ, "HF_HUB_OFFLINE": "1"}
     )
     assert done.returncode == 1, done.stderr[-2000:]
     errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.helpers.process import free_port
+from tests.helpers.process import free_port, run_to_exit
 from tests.observability.scrape import scrape
 
 API_KEY = "sk-observability-api-key-1234"
@@ -136,25 +136,9 @@ def test_a_taken_prometheus_port_stops_start_up_with_one_line(
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "vectorpress",
-                "serve",
-                "--model-id",
-                str(folder),
-                "--hostname",
-                "127.0.0.1",
-                "--port",
-                str(free_port()),
-                "--prometheus-port",
-                str(taken.getsockname()[1]),
-            ],
+        proc = run_to_exit(
+            ["--model-id", str(folder), "--prometheus-port", str(taken.getsockname()[1])],
             env={**os.environ, "HF_HUB_OFFLINE": "1"},
-            capture_output=True,
-            text=True,
-            timeout=120,
         )
     assert proc.returncode == 1
     lines = [line for line in proc.stderr.splitlines() if line.strip()]

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
-import subprocess
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
-from tests.helpers.process import free_port, run_to_exit
+from tests.helpers.process import ServerProcess, free_port, run_to_exit
 from tests.observability.scrape import scrape
 
 API_KEY = "sk-observability-api-key-1234"
@@ -25,47 +21,13 @@ def test_json_output_lines_metrics_port_and_no_secrets(
     tiny_bert_family: Callable[..., Path], tmp_path: Path
 ) -> None:
     folder = tiny_bert_family("bert", "embedding", "mean")
-    port, metrics_port = free_port(), free_port()
-    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    metrics_port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "LOG_LEVEL": "info"}
     env.pop("API_KEY", None)
-    with out.open("w") as stdout, err.open("w") as stderr:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "vectorpress",
-                "serve",
-                "--model-id",
-                str(folder),
-                "--hostname",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--prometheus-port",
-                str(metrics_port),
-                "--json-output",
-                "--api-key",
-                API_KEY,
-                "--hf-token",
-                HF_TOKEN,
-            ],
-            env=env,
-            stdout=stdout,
-            stderr=stderr,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, out.read_text() + err.read_text()
-            try:
-                health = httpx.get(f"{url}/health", timeout=30)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "server did not open its port"
-                time.sleep(0.2)
-        assert health.status_code == 200
+    args = ["--model-id", str(folder), "--prometheus-port", str(metrics_port), "--json-output"]
+    args += ["--api-key", API_KEY, "--hf-token", HF_TOKEN]
+    with ServerProcess(args, env=env, logs=tmp_path) as srv:  # waits for /health, keyless
+        url = srv.url
         refused = httpx.post(f"{url}/embed", json={"inputs": "no key"}, timeout=30)
         assert refused.status_code == 401
         wrong = httpx.post(
@@ -90,12 +52,9 @@ def test_json_output_lines_metrics_port_and_no_secrets(
             # An empty input fails while tokenizing: TEI counts that stage, not the kind.
             assert page.get("te_request_failure", err="tokenization") == 1
         assert scrape(f"{url}/metrics").get("te_embed_success") == 3
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
-    assert proc.returncode == 0, err.read_text()
+    assert srv.stop() == 0, srv.stderr_path.read_text()
 
-    stdout_text, stderr_text = out.read_text(), err.read_text()
+    stdout_text, stderr_text = srv.stdout_path.read_text(), srv.stderr_path.read_text()
     for secret in (API_KEY, HF_TOKEN):
         assert secret not in stdout_text and secret not in stderr_text
     lines = [line for line in stdout_text.splitlines() if line.strip()]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
+
+import httpx
 
 from vectorpress.backends.base import Backend
 from vectorpress.backends.select import select_backend
@@ -96,3 +99,21 @@ def faulty_factory() -> tuple[Callable[[ModelSpec, ModelSettings], Backend], lis
         return backend
 
     return make, made
+
+
+def leave_while_queued(url: str, text: str) -> int:
+    """One client's input holds the worker (give the backend a `delay` first) while another
+    posts `text` to /embed and leaves before it is computed; the status of the first."""
+
+    async def scenario() -> int:
+        async with httpx.AsyncClient(timeout=60) as client:
+            busy = asyncio.ensure_future(
+                client.post(f"{url}/embed", json={"inputs": "keeps the worker busy"})
+            )
+            await asyncio.sleep(0.3)
+            gone = asyncio.ensure_future(client.post(f"{url}/embed", json={"inputs": text}))
+            await asyncio.sleep(0.3)
+            gone.cancel()  # the client leaves while its input waits in the queue
+            return (await busy).status_code
+
+    return asyncio.run(scenario())

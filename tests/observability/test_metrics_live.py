@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from collections.abc import Callable
 from pathlib import Path
@@ -10,7 +9,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from tests.helpers.faulty import faulty_factory
+from tests.helpers.faulty import faulty_factory, leave_while_queued
 from tests.helpers.server import LiveServer
 from tests.helpers.texts import sentences
 from tests.observability.scrape import parse, scrape
@@ -207,20 +206,7 @@ def test_a_gone_client_counts_as_one_dropped_request_and_input(
         backend = made[0]
         backend.delay = 1.0
 
-        async def scenario() -> int:
-            async with httpx.AsyncClient(timeout=60) as client:
-                busy = asyncio.ensure_future(
-                    client.post(f"{srv.url}/embed", json={"inputs": "keeps the worker busy"})
-                )
-                await asyncio.sleep(0.3)
-                gone = asyncio.ensure_future(
-                    client.post(f"{srv.url}/embed", json={"inputs": "never computed"})
-                )
-                await asyncio.sleep(0.3)
-                gone.cancel()  # the client leaves while its input waits in the queue
-                return (await busy).status_code
-
-        assert asyncio.run(scenario()) == 200
+        assert leave_while_queued(srv.url, "never computed") == 200
         backend.delay = 0.0
         page = scrape(f"{srv.url}/metrics")
     assert page.get("te_request_failure", err="dropped") == 1

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers.faulty import FaultyBackend, faulty_factory
+from tests.helpers.faulty import FaultyBackend, faulty_factory, leave_while_queued
 from tests.helpers.server import LiveServer
 from vectorpress.settings import Settings
 
@@ -101,20 +101,7 @@ def test_input_of_a_gone_client_is_dropped_before_the_forward_pass(
     backend.delay = 1.0
     dropped_before = srv.infer.metrics.value("te_request_failure", err="dropped")
 
-    async def scenario() -> int:
-        async with httpx.AsyncClient(timeout=60) as client:
-            busy = asyncio.ensure_future(
-                client.post(f"{srv.url}/embed", json={"inputs": "keeps the worker busy"})
-            )
-            await asyncio.sleep(0.3)
-            gone = asyncio.ensure_future(
-                client.post(f"{srv.url}/embed", json={"inputs": "poison never computed"})
-            )
-            await asyncio.sleep(0.3)
-            gone.cancel()  # the client goes away while its input waits in the queue
-            return (await busy).status_code
-
-    assert asyncio.run(scenario()) == 200
+    assert leave_while_queued(srv.url, "poison never computed") == 200
     backend.delay = 0.0
     assert post(srv, "after").status_code == 200
     seen = [ids for batch in backend.batches for ids in batch]

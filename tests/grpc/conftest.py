@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.grpc.backend import GatedBackend, gated_factory
 from tests.grpc.clients import Stubs, splade_path
+from tests.helpers.faulty import FaultyBackend, faulty_factory
 from tests.helpers.server import LiveServer
 from vectorpress.settings import Settings
 
@@ -49,13 +50,15 @@ def splade_grpc() -> Iterator[tuple[LiveServer, Stubs]]:
 @pytest.fixture
 def gated_grpc(
     tiny_bert_family: Callable[..., Path],
-) -> Iterator[tuple[LiveServer, Stubs, GatedBackend]]:
-    """A tiny embedder with 4 permits whose forward passes wait for `backend.gate`."""
-    make, made = gated_factory()
+) -> Iterator[tuple[LiveServer, Stubs, FaultyBackend]]:
+    """A tiny embedder with 4 permits whose forward passes wait for `backend.gate` (open)."""
+    make, made = faulty_factory()
     settings = Settings.single(str(tiny_bert_family()), max_concurrent_requests=4)
     for srv, stubs in _serve(settings, make_backend=make):
         backend = made[0]
+        backend.gate = gate = threading.Event()
+        gate.set()
         try:
             yield srv, stubs, backend
         finally:
-            backend.gate.set()
+            gate.set()

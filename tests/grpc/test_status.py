@@ -12,8 +12,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.grpc.backend import GatedBackend
 from tests.grpc.clients import Stubs
+from tests.helpers.faulty import FaultyBackend
 from tests.helpers.server import LiveServer
 from vectorpress.api.grpc.stubs import pb
 
@@ -173,18 +173,19 @@ def test_splade_normalize_and_embed_all_are_failed_precondition(splade_grpc: Ser
 
 
 def test_failed_forward_pass_is_failed_precondition(
-    gated_grpc: tuple[LiveServer, Stubs, GatedBackend],
+    gated_grpc: tuple[LiveServer, Stubs, FaultyBackend],
 ) -> None:
     _, stubs, backend = gated_grpc
-    backend.fail_next = True
+    backend.fail_if = lambda batch: True
     code, details = status_of(lambda: stubs.embed.Embed(pb.EmbedRequest(inputs="x")))
+    backend.fail_if = None
     assert code == Code.FAILED_PRECONDITION
-    assert details == "Backend error: injected forward failure"
+    assert details == "Backend error: injected fault"
     assert len(stubs.embed.Embed(pb.EmbedRequest(inputs="x")).embeddings) == 32
 
 
 def test_unary_fails_fast_when_overloaded_while_streams_and_rerank_wait(
-    gated_grpc: tuple[LiveServer, Stubs, GatedBackend],
+    gated_grpc: tuple[LiveServer, Stubs, FaultyBackend],
 ) -> None:
     srv, stubs, backend = gated_grpc
     admission = srv.infer.admission
@@ -214,7 +215,7 @@ def test_unary_fails_fast_when_overloaded_while_streams_and_rerank_wait(
 
 
 def test_dead_worker_is_unavailable_and_health_follows(
-    gated_grpc: tuple[LiveServer, Stubs, GatedBackend],
+    gated_grpc: tuple[LiveServer, Stubs, FaultyBackend],
 ) -> None:
     _, stubs, backend = gated_grpc
     health = health_pb2_grpc.HealthStub(stubs.channel)
@@ -290,7 +291,7 @@ def test_malformed_messages_are_invalid_argument_in_their_slot(minilm_grpc: Serv
 
 
 def test_cancelled_stream_gives_its_permits_back(
-    gated_grpc: tuple[LiveServer, Stubs, GatedBackend],
+    gated_grpc: tuple[LiveServer, Stubs, FaultyBackend],
 ) -> None:
     srv, stubs, backend = gated_grpc
     admission = srv.infer.admission
@@ -307,7 +308,7 @@ def test_cancelled_stream_gives_its_permits_back(
 
 
 def test_http_and_grpc_share_one_set_of_permits(
-    gated_grpc: tuple[LiveServer, Stubs, GatedBackend],
+    gated_grpc: tuple[LiveServer, Stubs, FaultyBackend],
 ) -> None:
     """One process, one Infer: permits held by gRPC calls make HTTP answer 429, and back."""
     import httpx

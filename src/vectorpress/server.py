@@ -366,6 +366,7 @@ class _MetricsServer(uvicorn.Server):
 
 async def serve(served: Served) -> None:
     from vectorpress.api.app import create_app
+    from vectorpress.api.protocol import GatheringHttpTools
 
     settings = served.settings.server
     app = create_app(served.state)
@@ -373,6 +374,7 @@ async def serve(served: Served) -> None:
         app,
         host=settings.hostname,
         port=settings.port,
+        http=GatheringHttpTools,
         log_config=None,
         access_log=False,
         lifespan="off",

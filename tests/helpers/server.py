@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import uvicorn
 
 from vectorpress.api.app import create_app
+from vectorpress.api.protocol import GatheringHttpTools
 from vectorpress.server import BackendFactory, Served, load, run_event_loop
 from vectorpress.settings import Settings
 
@@ -65,6 +66,7 @@ class LiveServer:
             app,
             host="127.0.0.1",
             port=0,
+            http=GatheringHttpTools,
             log_config=None,
             access_log=False,
             lifespan="off",

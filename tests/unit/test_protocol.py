@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from vectorpress.api.protocol import _GatheringTransport
+from vectorpress.api.protocol import GATHER_BYTES, _GatheringTransport
 
 
 class _Recording(asyncio.Transport):
@@ -44,6 +44,19 @@ def test_head_and_body_leave_in_one_write() -> None:
         return real.writes
 
     assert asyncio.run(scenario()) == [b"HTTP/1.1 200 OK\r\n\r\n[1.0]"]
+
+
+def test_a_large_body_is_not_copied_behind_the_head() -> None:
+    async def scenario() -> list[bytes]:
+        real = _Recording()
+        gathering = _GatheringTransport(real)
+        gathering.write(b"HTTP/1.1 200 OK\r\n\r\n")
+        gathering.write(body)
+        return real.writes
+
+    body = b"x" * (GATHER_BYTES + 1)
+    writes = asyncio.run(scenario())
+    assert writes == [b"HTTP/1.1 200 OK\r\n\r\n", body] and writes[1] is body
 
 
 def test_a_lone_write_leaves_at_the_end_of_the_turn() -> None:

@@ -5,8 +5,8 @@ body when it sends `http.response.body`: two `send` calls, two TCP segments on t
 loopback, two passes through the kernel's TCP path and two wake-ups of a client that reads the
 head and then waits for the body. The transport here holds a write until the next one, or the
 end of the loop's turn, whichever comes first: a response sent as its two ASGI messages back to
-back (every JSON answer of this server) leaves in one write, and a body streamed over several
-turns still leaves as it comes.
+back (every JSON answer of this server) leaves in one write (a body over `GATHER_BYTES` in a
+write of its own, not copied), and a body streamed over several turns still leaves as it comes.
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ import asyncio
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+#: A body larger than this leaves in a write of its own rather than copied in behind the head.
+GATHER_BYTES = 64 * 1024
 
 
 class _GatheringTransport:
@@ -30,6 +33,10 @@ class _GatheringTransport:
         # The first write waits; the next one (the body after the head) leaves with it at once,
         # before the callbacks this turn queued after the response (its metrics) run.
         if self._parts:
+            if len(data) > GATHER_BYTES:  # a large body: two writes cost less than a copy
+                self._flush()
+                self._transport.write(data)
+                return
             self._parts.append(bytes(data))
             self._flush()
             return

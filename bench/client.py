@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import subprocess
+import time
 import urllib.parse
 
 import orjson
@@ -141,3 +143,22 @@ def _head(raw: bytes) -> tuple[int, dict[str, str]]:
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
     return status, headers
+
+
+def wait_healthy(
+    name: str, url: str, proc: subprocess.Popen[bytes], log: str, timeout: float, poll: float
+) -> None:
+    """Return once `url`/health answers 200; raise if `proc` exits first or `timeout` passes."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited: see {log}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(poll)
+    raise RuntimeError(f"{name} not ready after {timeout}s: see {log}")

@@ -69,7 +69,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import rerank  # noqa: E402
-from bench.client import BlockingConnection, Connection  # noqa: E402
+from bench.client import BlockingConnection, Connection, wait_healthy  # noqa: E402
 from bench.corpus import SHORT_QUERY, corpus  # noqa: E402
 from bench.report import Result, Suite, write_report  # noqa: E402
 
@@ -244,17 +244,7 @@ class Server:
         )
 
     def wait(self, timeout: float = 600) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited: see {self.log.name}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"{self.name} not ready after {timeout}s: see {self.log.name}")
+        wait_healthy(self.name, self.url, self.proc, self.log.name, timeout, poll=0.5)
 
     def payload(self, texts: list[str]) -> tuple[str, dict[str, Any]]:
         if self.kind == "infinity":

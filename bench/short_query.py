@@ -43,7 +43,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.client import BlockingConnection  # noqa: E402
+from bench.client import BlockingConnection, wait_healthy  # noqa: E402
 from bench.corpus import SHORT_QUERY  # noqa: E402
 
 # all-MiniLM-L6-v2's linear layers per encoder layer, (out, in): QKV fused, attention output,
@@ -104,17 +104,8 @@ class _Server:
         self.inference: list[float] = []
 
     def wait(self, timeout: float = 600) -> float:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited: see {self.log}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return time.perf_counter() - self.started
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"{self.name} not ready after {timeout}s: see {self.log}")
+        wait_healthy(self.name, self.url, self.proc, str(self.log), timeout, poll=0.1)
+        return time.perf_counter() - self.started
 
     def round(self, requests: int) -> tuple[list[float], float]:
         raw = json.dumps({"inputs": [SHORT_QUERY]}).encode()

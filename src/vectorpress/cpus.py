@@ -4,11 +4,13 @@
 host, 64 torch threads and 63 tokenizer threads contend for two CPUs' worth of time, and the
 scheduler's throttling stalls them all at once. What the process may really use is the smaller
 of its affinity mask (taskset, cpusets) and its cgroup CPU quota (docker --cpus, Kubernetes
-limits), rounded up to whole CPUs.
+limits), rounded up to whole CPUs. Also the CPU's feature flags, for the backends that need a
+native kernel (bf16) and must refuse a CPU without one.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable
@@ -105,3 +107,19 @@ def _ratio(quota: str, period: str) -> float | None:
     if q <= 0 or p <= 0:  # -1: no quota
         return None
     return q / p
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux names them (empty where /proc/cpuinfo is unreadable)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    line = next((x for x in text.splitlines() if x.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX)."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())

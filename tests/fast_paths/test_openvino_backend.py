@@ -18,6 +18,7 @@ from tests.helpers.batches import alone_and_together, assert_quantized_close, po
 from tests.helpers.reference import assert_close_vectors, st_encode
 from tests.helpers.server import LiveServer
 from tests.helpers.texts import mixed_texts
+from vectorpress import cpus
 from vectorpress.api.grpc.stubs import pb
 from vectorpress.backends.openvino import backend as ov_backend
 from vectorpress.backends.openvino.backend import OpenVinoBackend
@@ -61,7 +62,7 @@ def _embed_http(url: str, texts: list[str], size: int = 16) -> list[list[float]]
 def test_minilm_over_http_and_grpc_matches_sentence_transformers(
     minilm: Path, minilm_st: np.ndarray, tmp_path: Path, dtype: str, min_cos: float
 ) -> None:
-    if dtype == "bfloat16" and not ov_backend.native_bf16():
+    if dtype == "bfloat16" and not cpus.native_bf16():
         pytest.skip("this CPU has neither AVX512-BF16 nor AMX (the refusal is tested below)")
     with LiveServer(_settings(minilm, tmp_path, dtype=dtype), grpc=True) as srv:
         info = httpx.get(f"{srv.url}/info", timeout=30).json()
@@ -155,7 +156,7 @@ def test_what_it_cannot_run_is_refused_at_start_up(
 def test_bfloat16_is_refused_on_a_cpu_without_native_bf16(
     tiny_bert_family: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(ov_backend, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
+    monkeypatch.setattr(cpus, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
     folder = tiny_bert_family("bert", "embedding", "mean")
     with pytest.raises(StartupError, match="needs a CPU with AVX512-BF16 or AMX"):
         _backend(folder, tmp_path, dtype="bfloat16")

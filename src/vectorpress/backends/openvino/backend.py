@@ -11,7 +11,6 @@ pooling, Dense modules, SPLADE heads and classification logits are the shared co
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ import numpy as np
 from vectorpress.backends.common.buckets import padded_inputs
 from vectorpress.backends.common.cache import build_cache
 from vectorpress.backends.onnx.backend import OnnxBackend, onnx_graph
-from vectorpress.cpus import available_cpus
+from vectorpress.cpus import available_cpus, native_bf16
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec
 from vectorpress.types import Batch
@@ -34,22 +33,6 @@ PRECISIONS = {"float32": "f32", "bfloat16": "bf16", "int8": "f32"}
 # Padded tokens per run at most: 4,096 measured level with 2,048 and 8,192 on MiniLM (see
 # docs/performance.md); OpenVINO keeps no arena of the largest run, unlike ONNX Runtime.
 PASS_TOKENS = 4096
-
-
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags as Linux names them (empty where /proc/cpuinfo is unreadable)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    line = next((x for x in text.splitlines() if x.startswith("flags")), "")
-    return frozenset(line.partition(":")[2].split())
-
-
-def native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX)."""
-    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 class OpenVinoBackend(OnnxBackend):

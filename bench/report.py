@@ -239,7 +239,8 @@ def targets(suites: list[Suite], rerank: dict[str, Any] | None) -> list[dict[str
 
 
 def rerank_ceiling(ceiling: dict[str, Any], dtype: str) -> float:
-    """Pairs/s the GEMM ceiling allows at the load's mean pair length."""
+    """Pairs/s the GEMM ceiling allows on the load's pairs (attention at their token-weighted
+    mean length)."""
     return tokens_ceiling(ceiling, dtype) / ceiling["tokens_per_pair"]
 
 
@@ -268,7 +269,8 @@ def embedding_table(suite: Suite) -> list[str]:
             if c["bf16_gflops"]
             else "; bf16: this CPU has no native bf16 GEMM"
         )
-        + f" ({fpt / 1e6:.2f} MFLOP per token).",
+        + f" ({fpt / 1e6:.2f} MFLOP per token, attention over {c.get('attended_keys', NAN):.0f} "
+        "keys: the token-weighted mean text length).",
         "",
         f"| method | 32-text x 4 tok/s | 1-text x {top[2:]} tok/s | x ST (32x4 / {top}) | "
         f"x best Infinity (32x4 / {top}) | of its ceiling (32x4 / {top}) | lowest / mean cos "

@@ -67,17 +67,22 @@ def rerank_queries(n: int, seed: int = 0) -> list[tuple[str, list[str]]]:
     return [(queries[q], passages[q * PER_QUERY : (q + 1) * PER_QUERY]) for q in range(n)]
 
 
-def pair_tokens(folder: Path, queries: list[tuple[str, list[str]]]) -> list[int]:
-    """Tokens of each query's pairs together (truncated at 512 per pair)."""
+def pair_lengths(folder: Path, queries: list[tuple[str, list[str]]]) -> list[list[int]]:
+    """Tokens of each query's pairs, pair by pair (truncated at 512 per pair)."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tok.no_padding()
     tok.enable_truncation(512)
     return [
-        sum(len(e.ids) for e in tok.encode_batch([(q, p) for p in passages]))
+        [len(e.ids) for e in tok.encode_batch([(q, p) for p in passages])]
         for q, passages in queries
     ]
+
+
+def pair_tokens(folder: Path, queries: list[tuple[str, list[str]]]) -> list[int]:
+    """Tokens of each query's pairs together."""
+    return [sum(lengths) for lengths in pair_lengths(folder, queries)]
 
 
 def cross_encoder_run(

@@ -132,3 +132,13 @@ def test_targets_take_the_fastest_backend_of_each_dtype_and_name_it() -> None:
     assert "[vectorpress openvino bf16]" in str(by["bf16 over HTTP"]["what"])
     short = next(r for r in rows if str(r["what"]).startswith("one short query"))
     assert short["figure"] == "2.00 ms" and "[vectorpress openvino fp32]" in str(short["what"])
+
+
+def test_attention_flops_follow_each_token_s_own_text_length() -> None:
+    from bench.run import attended_length, flops_per_token
+
+    # One text of 8 tokens and two of 1: 8 of the 10 tokens attend to 8 keys, 2 to 1 key.
+    assert attended_length([8, 1, 1]) == (8 * 8 + 1 + 1) / 10
+    config = {"hidden_size": 4, "intermediate_size": 16, "num_hidden_layers": 2}
+    linear = 2 * (4 * 4 * 4 + 2 * 4 * 16)
+    assert flops_per_token(config, 6.6) == 2 * (linear + 4 * 6.6 * 4)

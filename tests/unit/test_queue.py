@@ -60,6 +60,31 @@ def test_request_cap_and_dropped_entries(loop: asyncio.AbstractEventLoop) -> Non
     assert sum(dropped) == 2
 
 
+def test_an_abandoned_entry_behind_a_live_one_is_dropped_once_it_reaches_the_head(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    dropped: list[int] = []
+    q = BatchingQueue(
+        max_batch_tokens=4, max_batch_requests=None, padded=False, on_dropped=dropped.append
+    )
+    live, gone, later = entry(loop, 4), entry(loop, 2), entry(loop, 2)
+    q.put([live, gone, later])
+    gone.future.cancel()
+    with q._cond:
+        assert q.has_work(Lane.BULK)  # the live head: nothing dropped yet
+        assert dropped == []
+        assert take(q) == [live]  # the budget ends the batch before the abandoned entry
+        assert q.has_work(Lane.BULK)  # `later` still waits: the abandoned one is dropped
+        assert dropped == [1]
+        assert take(q) == [later]
+        tail = entry(loop, 1)
+        q.put([tail])
+        tail.future.cancel()
+        assert not q.has_work(Lane.BULK)  # only abandoned entries left: no batch to run
+        assert dropped == [1, 1]
+    assert q.waiting(Lane.BULK) == 0
+
+
 def test_an_entry_larger_than_the_budget_still_runs_alone(loop: asyncio.AbstractEventLoop) -> None:
     q = BatchingQueue(max_batch_tokens=4, max_batch_requests=None, padded=False)
     big = entry(loop, 9)

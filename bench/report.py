@@ -305,9 +305,9 @@ def embedding_table(suite: Suite) -> list[str]:
     if overheads:
         lines += [
             "",
-            "Server overhead on the short query (p50 over 40 queries of each one's HTTP time "
-            "minus the inference time the server recorded for it, te_request_inference_duration;"
-            " it includes the client's own work): " + "; ".join(overheads) + ".",
+            "Server overhead on the short query (its HTTP p50 minus the server's mean inference "
+            "time over the same queries, te_request_inference_duration; it includes the "
+            "client's own work): " + "; ".join(overheads) + ".",
         ]
     notes = [f"- {r.name}: {r.note}" for r in results if r.note]
     return lines + (["", *notes] if notes else [])

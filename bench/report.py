@@ -423,7 +423,10 @@ HISTORY_HEADER = [
     "newest run whole. Shares are of the GEMM ceilings measured in the same run on the model's",
     "own shape (its ceiling: bf16's for bf16 rows, fp32's for the others). Rerank rows give",
     "pairs/s with 4 and 1 requests of 20 pairs in flight. Rows from before the accuracy and",
-    "idle columns have none.",
+    "idle columns have none. From run 20261201T192247Z on, the FLOPs per token count attention",
+    "over the token-weighted mean text length (sum L^2 / sum L), earlier runs over the mean",
+    "text length: 4% fewer FLOPs per token on all-MiniLM-L6-v2, 2% on all-mpnet-base-v2, so",
+    "their shares read that much lower.",
     "",
     "| run | command | model | method | 32x4 tok/s | 1xN tok/s | of fp32 ceiling | "
     "of its ceiling | lowest / mean cos | device idle 32x4 / 1xN | short p50 ms |",

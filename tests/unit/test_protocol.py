@@ -59,6 +59,17 @@ def test_a_large_body_is_not_copied_behind_the_head() -> None:
     assert writes == [b"HTTP/1.1 200 OK\r\n\r\n", body] and writes[1] is body
 
 
+def test_a_large_first_write_leaves_at_once() -> None:
+    async def scenario() -> list[bytes]:
+        real = _Recording()
+        _GatheringTransport(real).write(chunk)
+        return list(real.writes)  # before the turn ends
+
+    chunk = b"x" * (GATHER_BYTES + 1)
+    writes = asyncio.run(scenario())
+    assert writes == [chunk] and writes[0] is chunk
+
+
 def test_a_lone_write_leaves_at_the_end_of_the_turn() -> None:
     async def scenario() -> list[list[bytes]]:
         real = _Recording()

@@ -5,8 +5,9 @@ body when it sends `http.response.body`: two `send` calls, two TCP segments on t
 loopback, two passes through the kernel's TCP path and two wake-ups of a client that reads the
 head and then waits for the body. The transport here holds a write until the next one, or the
 end of the loop's turn, whichever comes first: a response sent as its two ASGI messages back to
-back (every JSON answer of this server) leaves in one write (a body over `GATHER_BYTES` in a
-write of its own, not copied), and a body streamed over several turns still leaves as it comes.
+back (every JSON answer of this server) leaves in one write (any write over `GATHER_BYTES` goes
+out at once, on its own, not copied), and a body streamed over several turns still leaves as it
+comes.
 """
 
 from __future__ import annotations
@@ -30,18 +31,18 @@ class _GatheringTransport:
         self._loop = asyncio.get_running_loop()
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
+        if len(data) > GATHER_BYTES:  # nothing to win by holding it: a copy costs more
+            self._flush()
+            self._transport.write(data)
+            return
         # The first write waits; the next one (the body after the head) leaves with it at once,
         # before the callbacks this turn queued after the response (its metrics) run.
-        if self._parts:
-            if len(data) > GATHER_BYTES:  # a large body: two writes cost less than a copy
-                self._flush()
-                self._transport.write(data)
-                return
-            self._parts.append(bytes(data))
-            self._flush()
-            return
+        held = bool(self._parts)
         self._parts.append(bytes(data))
-        self._loop.call_soon(self._flush)
+        if held:
+            self._flush()
+        else:
+            self._loop.call_soon(self._flush)
 
     def writelines(self, lines: Any) -> None:
         for line in lines:

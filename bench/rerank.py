@@ -80,11 +80,6 @@ def pair_lengths(folder: Path, queries: list[tuple[str, list[str]]]) -> list[lis
     ]
 
 
-def pair_tokens(folder: Path, queries: list[tuple[str, list[str]]]) -> list[int]:
-    """Tokens of each query's pairs together."""
-    return [sum(lengths) for lengths in pair_lengths(folder, queries)]
-
-
 def cross_encoder_run(
     folder: Path, queries: list[tuple[str, list[str]]], threads: int
 ) -> tuple[float, list[list[float]]]:

@@ -62,14 +62,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import rerank  # noqa: E402
-from bench.client import BlockingConnection, Connection, wait_healthy  # noqa: E402
+from bench.client import (  # noqa: E402
+    BlockingConnection,
+    Connection,
+    inference_seconds,
+    mean_inference,
+    metric_sums,
+    wait_healthy,
+)
 from bench.corpus import SHORT_QUERY, corpus  # noqa: E402
 from bench.report import Result, Suite, write_report  # noqa: E402
 
@@ -348,23 +354,12 @@ def bench_server(server: Server, suite: Suite, name: str, reference: np.ndarray)
     res.load["32x4"] = asyncio.run(drive(server, batches, batch_counts, 4))
     log(f"  {name}: 32-text x 4 in flight: {res.load['32x4']['tokens_per_s']:.0f} tok/s")
     short_query_latencies(server, 10)
-    before = inference_seconds(server) if server.kind == "vp" else None
+    before = inference_seconds(server.url) if server.kind == "vp" else None
     lat = short_query_latencies(server)
     res.short_p50_ms, res.short_p99_ms = pct(lat, 0.5) * 1e3, pct(lat, 0.99) * 1e3
     if before is not None:
-        res.overhead_ms = (pct(lat, 0.5) - mean_inference(server, before)) * 1e3
+        res.overhead_ms = (pct(lat, 0.5) - mean_inference(server.url, before)) * 1e3
     return res
-
-
-def mean_inference(server: Server, before: tuple[float, int]) -> float:
-    """The server's own mean inference time (te_request_inference_duration) per request since
-    `before` (its sum and count then). Read once around the timed short queries rather than
-    after each: a /metrics answer between two queries (about a millisecond of the server's
-    Python) left the next query with cold caches: on OpenVINO fp32, three alternated rounds
-    gave 1.01-1.08 ms that way against 0.71-0.77 ms this way."""
-    total, count = inference_seconds(server)
-    done = count - before[1]
-    return (total - before[0]) / done if done > 0 else math.nan
 
 
 def accuracy(server: Server, bodies: list[bytes], reference: np.ndarray) -> tuple[float, float]:
@@ -380,31 +375,11 @@ def accuracy(server: Server, bodies: list[bytes], reference: np.ndarray) -> tupl
     return float(cos.min()), float(cos.mean())
 
 
-def metric_sums(server: Server, names: tuple[str, ...]) -> list[float]:
-    """The sums over every series of each named metric on vectorpress's /metrics."""
-    text = httpx.get(f"{server.url}/metrics", timeout=30).text
-    out = [0.0] * len(names)
-    for line in text.splitlines():
-        series, _, value = line.rpartition(" ")
-        for i, name in enumerate(names):
-            if series == name or series.startswith(name + "{"):
-                out[i] += float(value)
-    return out
-
-
 def busy_seconds(server: Server) -> float | None:
     """Seconds the device thread has spent on this server's batches (vectorpress only)."""
     if server.kind != "vp":
         return None
-    return metric_sums(server, ("vectorpress_backend_busy_seconds",))[0]
-
-
-def inference_seconds(server: Server) -> tuple[float, int]:
-    """vectorpress's te_request_inference_duration sum and count, from its /metrics."""
-    total, count = metric_sums(
-        server, ("te_request_inference_duration_sum", "te_request_inference_duration_count")
-    )
-    return total, int(count)
+    return metric_sums(server.url, ("vectorpress_backend_busy_seconds",))[0]
 
 
 def short_query_latencies(server: Server, n: int = 60) -> list[float]:
@@ -710,9 +685,9 @@ def main() -> None:
     if not args.no_rerank:
         folder = rerank.reranker_folder(CACHE)
         queries = rerank.rerank_queries(args.queries or (6 if args.quick else 30), args.seed)
-        work = RerankWork(folder, queries, rerank.pair_tokens(folder, queries))
-        pairs = [n for lengths in rerank.pair_lengths(folder, queries) for n in lengths]
-        work.ceiling = ceiling_for(folder, pairs)
+        lengths = rerank.pair_lengths(folder, queries)
+        work = RerankWork(folder, queries, [sum(query) for query in lengths])
+        work.ceiling = ceiling_for(folder, [n for query in lengths for n in query])
         work.ceiling["tokens_per_pair"] = sum(work.tokens) / work.pairs
 
     args.out.mkdir(parents=True, exist_ok=True)

@@ -38,12 +38,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.client import BlockingConnection, wait_healthy  # noqa: E402
+from bench.client import (  # noqa: E402
+    BlockingConnection,
+    inference_seconds,
+    mean_inference,
+    wait_healthy,
+)
 from bench.corpus import SHORT_QUERY  # noqa: E402
 
 # all-MiniLM-L6-v2's linear layers per encoder layer, (out, in): QKV fused, attention output,
@@ -65,17 +68,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _inference_seconds(url: str) -> tuple[float, float]:
-    total = count = 0.0
-    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
-        name, _, value = line.rpartition(" ")
-        if name.startswith("te_request_inference_duration_sum"):
-            total += float(value)
-        elif name.startswith("te_request_inference_duration_count"):
-            count += float(value)
-    return total, count
 
 
 class _Server:
@@ -113,7 +105,7 @@ class _Server:
         try:
             for _ in range(10):
                 connection.post_raw("/embed", raw)
-            before = _inference_seconds(self.url)
+            before = inference_seconds(self.url)
             lat = []
             for _ in range(requests):
                 t = time.perf_counter()
@@ -121,10 +113,9 @@ class _Server:
                 lat.append(time.perf_counter() - t)
                 if status != 200:
                     raise RuntimeError(f"{self.name}: HTTP {status}")
-            after = _inference_seconds(self.url)
+            inference = mean_inference(self.url, before)
         finally:
             connection.close()
-        inference = (after[0] - before[0]) / (after[1] - before[1])
         self.latencies += lat
         self.inference.append(inference)
         return lat, inference

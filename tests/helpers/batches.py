@@ -19,13 +19,21 @@ class Embeds(Protocol):
 
 
 def tokenized_batches(
-    folder: Path, texts: list[str], size: int | None = None, max_length: int = 256
+    folder: Path,
+    texts: list[str],
+    size: int | None = None,
+    max_length: int = 256,
+    position_offset: int = 0,
 ) -> list[Batch]:
-    """`texts` in batches of `size` (all in one when None), cut at `max_length` tokens."""
+    """`texts` in batches of `size` (all in one when None), cut at `max_length` tokens, their
+    positions from `position_offset` (the model spec's: 2 for RoBERTa and MPNet)."""
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tok.no_padding()  # some tokenizer.json files pad every input to a fixed length
     tok.enable_truncation(max_length)
-    encodings = [Encoding(ids=e.ids, type_ids=e.type_ids) for e in tok.encode_batch(texts)]
+    encodings = [
+        Encoding(ids=e.ids, type_ids=e.type_ids, position_offset=position_offset)
+        for e in tok.encode_batch(texts)
+    ]
     step = size or max(1, len(encodings))
     return [Batch.from_encodings(encodings[i : i + step]) for i in range(0, len(encodings), step)]
 

@@ -37,8 +37,8 @@ _IN_PLACE: dict[str, Activation] = {
 }
 
 
-# oneDNN's post-op for each activation, as (attr, algorithm). Activations missing here run
-# unfused after the GEMM.
+# oneDNN's post-op for each activation, as (attr, algorithm). An activation missing here runs
+# after oneDNN's GEMM, as its own op.
 _ONEDNN_POSTOPS: dict[str, tuple[str, str]] = {
     "gelu": ("gelu", "none"),
     "gelu_new": ("gelu", "tanh"),
@@ -158,14 +158,14 @@ class FusedLinear:
         self.int8: Int8Weights | None = None
         self.attr, self.algorithm = "none", ""
         plain = act in (None, "identity")
-        postop = ("none", "") if plain else _ONEDNN_POSTOPS.get(str(act))
-        # The activation runs after oneDNN's GEMM instead of as its post-op.
-        self.act_after = self.weight.dtype == torch.bfloat16 and act in _UNFUSED_IN_BF16
-        if self.act_after:
-            postop = ("none", "")
+        postop = None if plain else _ONEDNN_POSTOPS.get(str(act))
+        if self.weight.dtype == torch.bfloat16 and act in _UNFUSED_IN_BF16:
+            postop = None
+        # An activation without a post-op runs after oneDNN's GEMM.
+        self.act_after = not plain and postop is None
         on_cpu = self.weight.device.type == "cpu"
-        if fast and postop is not None and on_cpu and onednn_supported(self.weight.dtype):
-            self._pack(postop)
+        if fast and on_cpu and onednn_supported(self.weight.dtype):
+            self._pack(postop or ("none", ""))
         elif fast and on_cpu and self.weight.dtype == torch.bfloat16:
             _warn_slow_bf16()
 

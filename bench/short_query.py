@@ -3,6 +3,7 @@
     .venv/bin/python bench/short_query.py servers A=. B=/path/to/other/tree
     .venv/bin/python bench/short_query.py servers A=. B=.:GOMP_SPINCOUNT=10000 --rounds 6
     .venv/bin/python bench/short_query.py kernels
+    .venv/bin/python bench/short_query.py floors --out bench/results/floors.md
 
 `servers` starts one server per `NAME=TREE[:VAR=VALUE,...]` (TREE is a source tree whose `src/`
 goes first on PYTHONPATH; the variables go into that server's environment, `ARGS=...` onto its
@@ -20,7 +21,15 @@ the L3 cache, as in the model) and one layer's six times (hot), rounds interleav
 torch backend's bare forward of the short query beside them: how much of that forward the
 GEMMs take, and so what any change outside them can win.
 
-Run both holding the benchmark lock (`flock /work/wt/bench.lock ...` on the shared machines);
+`floors` sets the short query (OpenVINO fp32 by default, the fastest fp32 path measured)
+against what bounds it from below, in one run: the model's linear weights, larger than the L3
+cache and so read from memory whole on every one-row pass, at the memory read bandwidth measured
+in the same process; the backend's bare pass in-process; and an HTTP server with no work in it
+(uvicorn on the server's own protocol, answering the server's own answer bytes) under the same
+client, alternated with the real server round by round. What the real server takes beyond the
+bare pass is its overhead; what the bare pass takes beyond the weights' read is the kernels'.
+
+Run them holding the benchmark lock (`flock /work/wt/bench.lock ...` on the shared machines);
 compare the figures within one run only.
 """
 
@@ -71,7 +80,8 @@ def _free_port() -> int:
 
 
 class _Server:
-    def __init__(self, spec: str, model: Path) -> None:
+    def __init__(self, spec: str, model: Path, cmd: list[str] | None = None) -> None:
+        """`cmd`: run this instead of `vectorpress serve` (it gets `--port`)."""
         self.name, _, rest = spec.partition("=")
         tree, _, variables = rest.partition(":")
         env = dict(v.split("=", 1) for v in variables.split(",") if v)
@@ -80,10 +90,12 @@ class _Server:
         self.url = f"http://127.0.0.1:{self.port}"
         src = Path(tree or ".").resolve() / "src"
         self.log = Path(f"/tmp/short-query-{self.name}.log")
-        cmd = [
-            sys.executable, "-m", "vectorpress", "serve", "--model-id", str(model),
-            "--hostname", "127.0.0.1", "--port", str(self.port), *[a for a in args if a],
-        ]  # fmt: skip
+        if cmd is None:
+            cmd = [
+                sys.executable, "-m", "vectorpress", "serve", "--model-id", str(model),
+                "--hostname", "127.0.0.1", *[a for a in args if a],
+            ]  # fmt: skip
+        cmd = [*cmd, "--port", str(self.port)]
         self.started = time.perf_counter()
         with self.log.open("w") as log:
             self.proc = subprocess.Popen(
@@ -99,13 +111,15 @@ class _Server:
         wait_healthy(self.name, self.url, self.proc, str(self.log), timeout, poll=0.1)
         return time.perf_counter() - self.started
 
-    def round(self, requests: int) -> tuple[list[float], float]:
+    def round(self, requests: int, metrics: bool = True) -> tuple[list[float], float]:
+        """`requests` short queries one at a time: their latencies and the server's mean
+        inference time over them (0 without `metrics`: a server that has none)."""
         raw = json.dumps({"inputs": [SHORT_QUERY]}).encode()
         connection = BlockingConnection(self.url)
         try:
             for _ in range(10):
                 connection.post_raw("/embed", raw)
-            before = inference_seconds(self.url)
+            before = inference_seconds(self.url) if metrics else 0.0
             lat = []
             for _ in range(requests):
                 t = time.perf_counter()
@@ -113,7 +127,7 @@ class _Server:
                 lat.append(time.perf_counter() - t)
                 if status != 200:
                     raise RuntimeError(f"{self.name}: HTTP {status}")
-            inference = mean_inference(self.url, before)
+            inference = mean_inference(self.url, before) if metrics else 0.0
         finally:
             connection.close()
         self.latencies += lat
@@ -228,6 +242,157 @@ def kernels(rounds: int) -> None:
         print(f"  {key}: {statistics.median(values) * 1e3:.2f} ms (median of {rounds})")
 
 
+def linear_weight_bytes(config: dict[str, Any]) -> int:
+    """Bytes of an encoder's fp32 linear weights and biases: what a one-row pass reads from
+    memory whole, once per pass (the embeddings are read a row per token)."""
+    h, i, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    per_layer = 4 * (h * h + h) + (h * i + i) + (i * h + h)
+    return 4 * layers * per_layer
+
+
+def read_bandwidth_gbps(mib: int = 256, reps: int = 9) -> float:
+    """Memory read bandwidth on torch's threads: the median rate of summing a buffer far larger
+    than the last-level cache (so each pass streams it from DRAM, as the short query does with
+    weights larger than the cache)."""
+    import torch
+
+    buffer = torch.ones(mib * 2**20 // 4)
+    rates = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        buffer.sum()
+        rates.append(buffer.numel() * 4 / (time.perf_counter() - t) / 1e9)
+    return statistics.median(rates)
+
+
+def bare_backend_ms(model: Path, backend: str, n: int = 200) -> float:
+    """p50 of `backend`'s embed of the short query in-process (pooling included), 2 ms apart
+    as a client's queries are."""
+    from tokenizers import Tokenizer
+
+    from vectorpress.backends.select import backend_args
+    from vectorpress.model_spec import load_model_spec
+    from vectorpress.settings import Settings
+    from vectorpress.types import Batch, Encoding
+
+    settings = Settings.single(str(model), backend=backend)
+    spec = load_model_spec(model, settings.model)
+    if backend == "openvino":
+        from vectorpress.backends.openvino.backend import OpenVinoBackend as Backend
+    else:
+        from vectorpress.backends.torch.backend import TorchBackend as Backend  # type: ignore[assignment]
+    engine = Backend(spec, **backend_args(settings.model))
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+    tok.no_padding()
+    enc = tok.encode(SHORT_QUERY)
+    batch = Batch.from_encodings([Encoding(ids=enc.ids, type_ids=enc.type_ids)])
+    lat = []
+    for _ in range(n + 20):
+        t = time.perf_counter()
+        engine.embed(batch)
+        lat.append(time.perf_counter() - t)
+        time.sleep(0.002)
+    return statistics.median(lat[20:]) * 1e3
+
+
+def echo(port: int, body_file: Path) -> None:
+    """An HTTP server with no work in it: uvicorn on the server's own protocol, answering every
+    request with `body_file`'s bytes as JSON, sent as the server sends its answers."""
+    import uvicorn
+
+    from vectorpress.api.protocol import GatheringHttpTools
+
+    body = body_file.read_bytes()
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=port,
+        http=GatheringHttpTools,
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+    )
+
+
+def floors(backend: str, rounds: int, requests: int, out: Path | None) -> None:
+    """The short query against what bounds it from below, all in one run: the model's linear
+    weights streamed at the memory bandwidth measured here, the backend's bare pass, and an HTTP
+    server with no work in it answering the same bytes to the same client."""
+    model = _model()
+    config = json.loads((model / "config.json").read_text())
+    weights = linear_weight_bytes(config)
+    bandwidth = read_bandwidth_gbps()
+    bare = bare_backend_ms(model, backend)
+    real = _Server(f"vectorpress-{backend}=.:ARGS=--backend+{backend}", model)
+    body = Path(f"/tmp/short-query-answer-{os.getpid()}.json")
+    floor: _Server | None = None
+    try:
+        real.wait()
+        raw = json.dumps({"inputs": [SHORT_QUERY]}).encode()
+        connection = BlockingConnection(real.url)
+        body.write_bytes(connection.post_raw("/embed", raw)[1])
+        connection.close()
+        floor = _Server(
+            "echo=.",
+            model,
+            [sys.executable, str(Path(__file__).resolve()), "echo", "--body", str(body)],
+        )
+        floor.wait()
+        for _ in range(rounds):
+            real.round(requests)
+            floor.round(requests, metrics=False)
+    finally:
+        real.stop()
+        if floor is not None:
+            floor.stop()
+        body.unlink(missing_ok=True)
+    assert floor is not None
+    http = statistics.median(real.latencies) * 1e3
+    inference = statistics.mean(real.inference) * 1e3
+    empty = statistics.median(floor.latencies) * 1e3
+    stream = weights / (bandwidth * 1e9) * 1e3
+    rows = [
+        ("one short query over HTTP, p50", http),
+        ("the server's mean inference time on it (te_request_inference_duration)", inference),
+        ("overhead: HTTP p50 minus inference", http - inference),
+        (f"the {backend} backend's bare embed of it in-process, p50", bare),
+        (
+            f"its linear weights ({weights / 2**20:.1f} MiB fp32) read once at "
+            f"{bandwidth:.1f} GB/s (this run's DRAM read bandwidth)",
+            stream,
+        ),
+        ("an HTTP server with no work answering the same bytes, p50 (same client)", empty),
+        ("floor: the weights' read plus the empty server", stream + empty),
+    ]
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    lines = [
+        f"# The short query against its floors ({stamp})",
+        "",
+        f"`python bench/short_query.py floors --backend {backend}`: {rounds} alternated rounds "
+        f"of {requests} queries per server, one at a time on one kept-alive connection; "
+        f"{len(os.sched_getaffinity(0))} CPUs.",
+        "",
+        "| what | ms |",
+        "|---|---|",
+        *[f"| {what} | {ms:.2f} |" for what, ms in rows],
+        "",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if out is not None:
+        out.write_text(text)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = ap.add_subparsers(dest="what", required=True)
@@ -237,11 +402,23 @@ def main() -> None:
     srv.add_argument("--requests", type=int, default=100)
     ker = sub.add_parser("kernels", help="the short query's GEMMs on each torch kernel")
     ker.add_argument("--rounds", type=int, default=40)
+    flo = sub.add_parser("floors", help="the short query against what bounds it from below")
+    flo.add_argument("--backend", default="openvino", choices=["openvino", "torch"])
+    flo.add_argument("--rounds", type=int, default=4)
+    flo.add_argument("--requests", type=int, default=100)
+    flo.add_argument("--out", type=Path, help="also write the table here (markdown)")
+    ech = sub.add_parser("echo", help="(for floors) an HTTP server with no work")
+    ech.add_argument("--body", type=Path, required=True)
+    ech.add_argument("--port", type=int, required=True)
     args = ap.parse_args()
     if args.what == "servers":
         servers(args.specs, args.rounds, args.requests)
-    else:
+    elif args.what == "kernels":
         kernels(args.rounds)
+    elif args.what == "floors":
+        floors(args.backend, args.rounds, args.requests, args.out)
+    else:
+        echo(args.port, args.body)
 
 
 if __name__ == "__main__":

@@ -142,3 +142,22 @@ def test_attention_flops_follow_each_token_s_own_text_length() -> None:
     config = {"hidden_size": 4, "intermediate_size": 16, "num_hidden_layers": 2}
     linear = 2 * (4 * 4 * 4 + 2 * 4 * 16)
     assert flops_per_token(config, 6.6) == 2 * (linear + 4 * 6.6 * 4)
+
+
+def test_short_query_floor_counts_every_linear_weight_of_the_checkpoint() -> None:
+    import json
+
+    from bench.short_query import linear_weight_bytes
+    from safetensors import safe_open
+
+    from vectorpress.hub import bundled_model_path
+
+    folder = bundled_model_path()
+    assert folder is not None
+    config = json.loads((folder / "config.json").read_text())
+    linear = 0
+    with safe_open(str(folder / "model.safetensors"), "np") as weights:
+        for name in weights.keys():  # noqa: SIM118 (safe_open has no __iter__)
+            if ".layer." in name and "LayerNorm" not in name:
+                linear += weights.get_tensor(name).astype("float32").nbytes
+    assert linear_weight_bytes(config) == linear

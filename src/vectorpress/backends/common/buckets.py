@@ -27,9 +27,9 @@ def buckets(
     `max_tokens`, a group whose padded tokens exceed it is then cut into several of at most
     that many (or of one input, where one alone is longer).
     """
+    if len(lengths) < 2:  # a query alone, the commonest batch: nothing to search
+        return [list(range(len(lengths)))] if lengths else []
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    if not order:
-        return []
     # Runs of equal length: a group never splits one.
     runs: list[tuple[int, int]] = []  # (length, end position in order)
     for pos, i in enumerate(order):

@@ -7,10 +7,12 @@ the bounds and their length groups are computed once here, for every layer and e
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 from collections import defaultdict
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -53,15 +55,20 @@ class PackedSequences:
         # Attention through varlen_attn, decided once at start-up (see `varlen_usable`); it
         # has no key masks.
         self.varlen = varlen and key_lengths is None
+
+    @functools.cached_property
+    def groups(self) -> list[LengthGroup]:
+        """The sequences by length, for attention: only the torch backend's layers read them,
+        so they are computed on first use (the ONNX and OpenVINO backends pool without)."""
         by_length: dict[int, list[int]] = defaultdict(list)
         for i, length in enumerate(self.lengths):
             by_length[length].append(i)
-        device = cu_seqlens.device
-        groups = []
+        device = self.cu_seqlens.device
+        groups: list[LengthGroup] = []
         for length, members in by_length.items():
             keys = None
-            if key_lengths is not None and any(key_lengths[i] < length for i in members):
-                limits = torch.tensor([key_lengths[i] for i in members], device=device)
+            if self.key_lengths is not None and any(self.key_lengths[i] < length for i in members):
+                limits = torch.tensor([self.key_lengths[i] for i in members], device=device)
                 keys = (torch.arange(length, device=device) < limits.unsqueeze(1))[:, None, None]
             first = members[0]
             if members[-1] - first == len(members) - 1:
@@ -73,7 +80,7 @@ class PackedSequences:
                 base = torch.tensor([self.starts[i] for i in members], device=device).unsqueeze(1)
                 index = (base + torch.arange(length, device=device)).reshape(-1)
                 groups.append(LengthGroup(length, len(members), index, -1, keys=keys))
-        self.groups = groups
+        return groups
 
     @property
     def size(self) -> int:
@@ -122,5 +129,6 @@ class PackedSequences:
 
     def segment_ids(self) -> torch.Tensor:
         """(total_tokens,) index of the sequence each token belongs to."""
-        lengths = torch.tensor(self.lengths, device=self.cu_seqlens.device)
-        return torch.repeat_interleave(torch.arange(self.size, device=lengths.device), lengths)
+        ids = torch.from_numpy(np.repeat(np.arange(self.size, dtype=np.int64), self.lengths))
+        device = self.cu_seqlens.device
+        return ids if device.type == "cpu" else ids.to(device)

@@ -36,10 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from client import Connection
+from client import Connection, wait_healthy
 from corpus import sentences
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,27 +78,15 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(src)}
+        # Its log to a file: a pipe nobody reads fills up under load and stalls the server.
+        self.log = tempfile.NamedTemporaryFile(prefix="lanes-", suffix=".log", delete=False)  # noqa: SIM115 (open for the life of the process)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "vectorpress", "serve", "--port", str(self.port), *args],
             env=env,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
+            stderr=self.log,
         )
-        deadline = time.monotonic() + 600
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"server exited: {self.proc.stderr.read() if self.proc.stderr else ''}"
-                )
-            try:
-                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("server did not start")
-            time.sleep(0.5)
+        wait_healthy("server", self.url, self.proc, self.log.name, timeout=600, poll=0.5)
 
     def rss_mib(self) -> float:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():

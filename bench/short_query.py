@@ -42,6 +42,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -62,6 +63,7 @@ from bench.corpus import SHORT_QUERY  # noqa: E402
 # FFN in and out.
 _SHAPES = [(1152, 384), (384, 384), (1536, 384), (384, 1536)]
 _LAYERS = 6
+_QUERY = json.dumps({"inputs": [SHORT_QUERY]}).encode()
 
 
 def _model() -> Path:
@@ -111,15 +113,13 @@ class _Server:
         wait_healthy(self.name, self.url, self.proc, str(self.log), timeout, poll=0.1)
         return time.perf_counter() - self.started
 
-    def round(self, requests: int, metrics: bool = True) -> tuple[list[float], float]:
-        """`requests` short queries one at a time: their latencies and the server's mean
-        inference time over them (0 without `metrics`: a server that has none)."""
-        raw = json.dumps({"inputs": [SHORT_QUERY]}).encode()
+    def round(self, requests: int) -> tuple[list[float], float]:
+        raw = _QUERY
         connection = BlockingConnection(self.url)
         try:
             for _ in range(10):
                 connection.post_raw("/embed", raw)
-            before = inference_seconds(self.url) if metrics else 0.0
+            before = inference_seconds(self.url)
             lat = []
             for _ in range(requests):
                 t = time.perf_counter()
@@ -127,7 +127,7 @@ class _Server:
                 lat.append(time.perf_counter() - t)
                 if status != 200:
                     raise RuntimeError(f"{self.name}: HTTP {status}")
-            inference = mean_inference(self.url, before) if metrics else 0.0
+            inference = mean_inference(self.url, before)
         finally:
             connection.close()
         self.latencies += lat
@@ -295,23 +295,46 @@ def bare_backend_ms(model: Path, backend: str, n: int = 200) -> float:
     return statistics.median(lat[20:]) * 1e3
 
 
-def echo(port: int, body_file: Path) -> None:
+def echo(port: int, body_file: Path, read_mib: int = 0) -> None:
     """An HTTP server with no work in it: uvicorn on the server's own protocol, answering every
-    request with `body_file`'s bytes as JSON, sent as the server sends its answers."""
+    POST with `body_file`'s bytes as JSON, sent as the server sends its answers. With
+    `read_mib`, each POST first reads a buffer that large (a pass's weights streamed through
+    the caches, leaving the rest of the path to run cold as after a forward) and reports the
+    time in /metrics as the server reports its inference time."""
+    import numpy as np
     import uvicorn
 
     from vectorpress.api.protocol import GatheringHttpTools
 
     body = body_file.read_bytes()
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    weights = np.ones(read_mib * 2**20 // 4, dtype=np.float32)
+    spent = [0.0, 0]
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
         while (await receive()).get("more_body"):
             pass
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        answer = body
+        if scope["method"] == "POST":
+            t = time.perf_counter()
+            weights.sum()
+            spent[0] += time.perf_counter() - t
+            spent[1] += 1
+        elif scope["path"] == "/metrics":
+            answer = (
+                f"te_request_inference_duration_sum {spent[0]}\n"
+                f"te_request_inference_duration_count {spent[1]}\n"
+            ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [headers[0], (b"content-length", b"%d" % len(answer))],
+            }
+        )
+        await send({"type": "http.response.body", "body": answer})
 
     uvicorn.run(
         app,
@@ -324,63 +347,93 @@ def echo(port: int, body_file: Path) -> None:
     )
 
 
+def tiny_checkpoint(dest: Path) -> Path:
+    """A 2-layer BERT of hidden size 32 with MiniLM's tokenizer: the server's pipeline around a
+    pass that takes next to nothing and leaves the caches warm."""
+    if not (dest / "config.json").is_file():
+        from tests.helpers.checkpoints import make_bert_family
+
+        make_bert_family(dest)
+    return dest
+
+
 def floors(backend: str, rounds: int, requests: int, out: Path | None) -> None:
     """The short query against what bounds it from below, all in one run: the model's linear
-    weights streamed at the memory bandwidth measured here, the backend's bare pass, and an HTTP
-    server with no work in it answering the same bytes to the same client."""
+    weights streamed at the memory bandwidth measured here, the backend's bare pass, the same
+    server on a tiny model, and an HTTP server with no work in it (warm, and cold after a read
+    as large as the weights) answering the same bytes to the same client."""
     model = _model()
     config = json.loads((model / "config.json").read_text())
     weights = linear_weight_bytes(config)
+    read_mib = weights // 2**20 + 1
     bandwidth = read_bandwidth_gbps()
     bare = bare_backend_ms(model, backend)
-    real = _Server(f"vectorpress-{backend}=.:ARGS=--backend+{backend}", model)
-    body = Path(f"/tmp/short-query-answer-{os.getpid()}.json")
-    floor: _Server | None = None
+    tiny = tiny_checkpoint(Path(tempfile.gettempdir()) / "vectorpress-bench-tiny-bert")
+    body = Path(tempfile.gettempdir()) / f"short-query-answer-{os.getpid()}.json"
+    serve = [sys.executable, "-m", "vectorpress", "serve", "--hostname", "127.0.0.1"]
+    echo = [sys.executable, str(Path(__file__).resolve()), "echo", "--body", str(body)]
+    started: dict[str, _Server] = {}
     try:
+        real = started["real"] = _Server(f"vectorpress-{backend}=.:ARGS=--backend+{backend}", model)
         real.wait()
-        raw = json.dumps({"inputs": [SHORT_QUERY]}).encode()
         connection = BlockingConnection(real.url)
-        body.write_bytes(connection.post_raw("/embed", raw)[1])
+        body.write_bytes(connection.post_raw("/embed", _QUERY)[1])
         connection.close()
-        floor = _Server(
-            "echo=.",
-            model,
-            [sys.executable, str(Path(__file__).resolve()), "echo", "--body", str(body)],
+        started["tiny"] = _Server(
+            "tiny=.", model, [*serve, "--model-id", str(tiny), "--backend", backend]
         )
-        floor.wait()
+        started["echo"] = _Server("echo=.", model, echo)
+        started["cold"] = _Server("echo-cold=.", model, [*echo, "--read-mib", str(read_mib)])
+        for server in started.values():
+            server.wait()
         for _ in range(rounds):
-            real.round(requests)
-            floor.round(requests, metrics=False)
+            for server in started.values():
+                server.round(requests)
     finally:
-        real.stop()
-        if floor is not None:
-            floor.stop()
+        for server in started.values():
+            server.stop()
         body.unlink(missing_ok=True)
-    assert floor is not None
-    http = statistics.median(real.latencies) * 1e3
-    inference = statistics.mean(real.inference) * 1e3
-    empty = statistics.median(floor.latencies) * 1e3
+
+    def p50(name: str) -> float:
+        return statistics.median(started[name].latencies) * 1e3
+
+    def inference(name: str) -> float:
+        return statistics.mean(started[name].inference) * 1e3
+
     stream = weights / (bandwidth * 1e9) * 1e3
     rows = [
-        ("one short query over HTTP, p50", http),
-        ("the server's mean inference time on it (te_request_inference_duration)", inference),
-        ("overhead: HTTP p50 minus inference", http - inference),
+        ("one short query over HTTP, p50", p50("real")),
+        (
+            "the server's mean inference time on it (te_request_inference_duration)",
+            inference("real"),
+        ),
+        ("overhead: HTTP p50 minus inference", p50("real") - inference("real")),
         (f"the {backend} backend's bare embed of it in-process, p50", bare),
         (
             f"its linear weights ({weights / 2**20:.1f} MiB fp32) read once at "
             f"{bandwidth:.1f} GB/s (this run's DRAM read bandwidth)",
             stream,
         ),
-        ("an HTTP server with no work answering the same bytes, p50 (same client)", empty),
-        ("floor: the weights' read plus the empty server", stream + empty),
+        (
+            "the same server on a 2-layer, 32-wide BERT: overhead (HTTP p50 minus inference "
+            f"{inference('tiny'):.2f} ms)",
+            p50("tiny") - inference("tiny"),
+        ),
+        ("an HTTP server with no work answering the same bytes, p50 (same client)", p50("echo")),
+        (
+            f"the same reading {read_mib} MiB before each answer: p50 minus that read "
+            f"({inference('cold'):.2f} ms on one thread), its path with cold caches",
+            p50("cold") - inference("cold"),
+        ),
+        ("floor: the weights' read plus the server with no work", stream + p50("echo")),
     ]
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     lines = [
         f"# The short query against its floors ({stamp})",
         "",
-        f"`python bench/short_query.py floors --backend {backend}`: {rounds} alternated rounds "
-        f"of {requests} queries per server, one at a time on one kept-alive connection; "
-        f"{len(os.sched_getaffinity(0))} CPUs.",
+        f"`python bench/short_query.py floors --backend {backend}`: {rounds} rounds of "
+        f"{requests} queries per server, the servers alternated round by round, one query at a "
+        f"time on one kept-alive connection; {len(os.sched_getaffinity(0))} CPUs.",
         "",
         "| what | ms |",
         "|---|---|",
@@ -410,6 +463,7 @@ def main() -> None:
     ech = sub.add_parser("echo", help="(for floors) an HTTP server with no work")
     ech.add_argument("--body", type=Path, required=True)
     ech.add_argument("--port", type=int, required=True)
+    ech.add_argument("--read-mib", type=int, default=0)
     args = ap.parse_args()
     if args.what == "servers":
         servers(args.specs, args.rounds, args.requests)
@@ -418,7 +472,7 @@ def main() -> None:
     elif args.what == "floors":
         floors(args.backend, args.rounds, args.requests, args.out)
     else:
-        echo(args.port, args.body)
+        echo(args.port, args.body, args.read_mib)
 
 
 if __name__ == "__main__":

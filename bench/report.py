@@ -35,6 +35,10 @@ class Result:
     score_diff: float = NAN
     """Rerank: the largest difference to CrossEncoder.predict's score of the same pair."""
     note: str = ""
+    gflops: dict[str, float] = field(default_factory=dict)
+    """dtype ("fp32", "bf16") -> the GEMM ceiling measured just before and just after this
+    method's loads, their mean: its shares are of this one (`own_ceiling`), so that a machine
+    whose speed drifts during a half-hour run leaves the shares level."""
 
     @staticmethod
     def median(rounds: list[Result]) -> Result:
@@ -52,6 +56,9 @@ class Result:
         for name in ("short_p50_ms", "short_p99_ms", "overhead_ms", "cos_mean"):
             setattr(out, name, statistics.median(getattr(r, name) for r in ok))
         out.cos_min = min(r.cos_min for r in ok)
+        out.gflops = {
+            d: statistics.median(r.gflops[d] for r in ok if d in r.gflops) for d in ok[0].gflops
+        }
         out.score_diff = max(r.score_diff for r in ok)
         if len(ok) < len(rounds):
             out.note = f"{len(rounds) - len(ok)} of {len(rounds)} rounds failed"
@@ -88,6 +95,13 @@ def tokens_ceiling(ceiling: dict[str, Any], dtype: str) -> float:
     """Tokens/s the GEMM ceiling of `dtype` ("fp32", "bf16") allows; nan without one."""
     gflops = ceiling.get(f"{dtype}_gflops")
     return gflops * 1e9 / ceiling["flops_per_token"] if gflops else NAN
+
+
+def own_ceiling(ceiling: dict[str, Any], r: dict[str, Any] | Result | None) -> dict[str, Any]:
+    """`ceiling` with the GEMM figures measured around `r`'s own loads, where the run took them
+    (runs before these figures have none: the run's one ceiling then)."""
+    measured = (r.gflops if isinstance(r, Result) else (r or {}).get("gflops")) or {}
+    return {**ceiling, **{f"{d}_gflops": v for d, v in measured.items() if v}}
 
 
 def own_dtype(name: str) -> str:
@@ -164,7 +178,7 @@ def targets(suites: list[Suite], rerank: dict[str, Any] | None) -> list[dict[str
         return f" [{r.name}]" if r else ""
 
     def shares(suite: Suite, r: Result | None, dtype: str) -> list[float]:
-        limit = tokens_ceiling(suite.ceiling, dtype)
+        limit = tokens_ceiling(own_ceiling(suite.ceiling, r), dtype)
         return [figure(r, k) / limit for k in ("32x4", f"1x{max(suite.sweep)}")]
 
     s = shares(main, fp32, "fp32")
@@ -230,7 +244,7 @@ def targets(suites: list[Suite], rerank: dict[str, Any] | None) -> list[dict[str
             at_least(x, 1.0))  # fmt: skip
         for dtype, bound in (("fp32", 0.75), ("bf16", 0.65)):
             r = find(results, f"vectorpress {dtype}")
-            limit = rerank_ceiling(rerank["ceiling"], dtype)
+            limit = rerank_ceiling(own_ceiling(rerank["ceiling"], r), dtype)
             s = figure(r, "20x4", "pairs_per_s") / limit
             row(f"rerank {dtype}, share of the {dtype} rerank ceiling (4 in flight)",
                 fmt(s, ".0%"), f">= {bound:.0%} (the embedding target)",
@@ -270,7 +284,7 @@ def embedding_table(suite: Suite) -> list[str]:
             else "; bf16: this CPU has no native bf16 GEMM"
         )
         + f" ({fpt / 1e6:.2f} MFLOP per token, attention over {c.get('attended_keys', NAN):.0f} "
-        "keys: the token-weighted mean text length).",
+        "keys: the token-weighted mean text length)." + drift(results),
         "",
         f"| method | 32-text x 4 tok/s | 1-text x {top[2:]} tok/s | x ST (32x4 / {top}) | "
         f"x best Infinity (32x4 / {top}) | of its ceiling (32x4 / {top}) | lowest / mean cos "
@@ -283,7 +297,8 @@ def embedding_table(suite: Suite) -> list[str]:
             lines.append(
                 f"| {r.name} | {fmt(st_tps)} (encode) | - | 1.00 | "
                 f"{fmt(st_tps / best_inf('32x4'), '.2f')} / - | "
-                f"{fmt(st_tps / tokens_ceiling(c, 'fp32'), '.0%')} | (reference) | - | "
+                f"{fmt(st_tps / tokens_ceiling(own_ceiling(c, r), 'fp32'), '.0%')} | "
+                "(reference) | - | "
                 f"{pair(r.short_p50_ms, r.short_p99_ms, '.1f')} |"
             )
             continue
@@ -291,7 +306,7 @@ def embedding_table(suite: Suite) -> list[str]:
             lines.append(f"| {r.name} | - | - | - | - | - | - | - | - ({r.note}) |")
             continue
         b, s = figure(r, "32x4"), figure(r, top)
-        limit = tokens_ceiling(c, own_dtype(r.name))
+        limit = tokens_ceiling(own_ceiling(c, r), own_dtype(r.name))
         idle = pair(figure(r, "32x4", "device_idle"), figure(r, top, "device_idle"), ".0%")
         lines.append(
             f"| {r.name} | {fmt(b)} | {fmt(s)} | {pair(b / st_tps, s / st_tps, '.2f')} | "
@@ -313,6 +328,22 @@ def embedding_table(suite: Suite) -> list[str]:
     return lines + (["", *notes] if notes else [])
 
 
+def drift(results: list[Result]) -> str:
+    """The range of the GEMM ceilings measured around each method's loads, as a sentence."""
+    spans = []
+    for dtype in ("fp32", "bf16"):
+        seen = [r.gflops[dtype] for r in results if r.gflops.get(dtype)]
+        if seen:
+            spans.append(f"{dtype} {min(seen):.0f}-{max(seen):.0f}")
+    if not spans:
+        return ""
+    return (
+        " Measured again around each method's loads (its shares are of that figure): "
+        + ", ".join(spans)
+        + " GFLOP/s."
+    )
+
+
 def rerank_table(part: dict[str, Any]) -> list[str]:
     c = part["ceiling"]
     results: list[Result] = part["results"]
@@ -326,21 +357,23 @@ def rerank_table(part: dict[str, Any]) -> list[str]:
         f"`/rerank` request per query. Ceiling on its GEMM ({c['gemm_shape']}): fp32 "
         f"{rerank_ceiling(c, 'fp32'):,.0f} pairs/s"
         + (f", bf16 {rerank_ceiling(c, 'bf16'):,.0f} pairs/s" if c["bf16_gflops"] else "")
-        + ". CrossEncoder.predict runs in-process, one call per query (batch_size=32).",
+        + ". CrossEncoder.predict runs in-process, one call per query (batch_size=32)."
+        + drift(results),
         "",
         "| method | pairs/s, 1 in flight | pairs/s, 4 in flight | x CrossEncoder (1 / 4) | "
         "of its ceiling (1 / 4) | largest score difference to CrossEncoder | "
         "device idle (1 / 4) | request p50 ms (1 / 4) |",
         "|---|---|---|---|---|---|---|---|",
         f"| {ce.name} | {fmt(ce_rate)} | - | 1.00 | "
-        f"{fmt(ce_rate / rerank_ceiling(c, 'fp32'), '.0%')} | (reference) | - | - |",
+        f"{fmt(ce_rate / rerank_ceiling(own_ceiling(c, ce), 'fp32'), '.0%')} | "
+        "(reference) | - | - |",
     ]
     for r in results[1:]:
         if not r.load:
             lines.append(f"| {r.name} | - | - | - | - | - | - | - ({r.note}) |")
             continue
         one, four = figure(r, "20x1", "pairs_per_s"), figure(r, "20x4", "pairs_per_s")
-        limit = rerank_ceiling(c, own_dtype(r.name))
+        limit = rerank_ceiling(own_ceiling(c, r), own_dtype(r.name))
         lines.append(
             f"| {r.name} | {fmt(one)} | {fmt(four)} | {pair(one / ce_rate, four / ce_rate, '.2f')}"
             f" | {pair(one / limit, four / limit, '.0%')} | {fmt(r.score_diff, '.1e')} | "
@@ -375,7 +408,9 @@ def write_report(
         "|---|---|---|---|",
         *(f"| {g['what']} | {g['figure']} | {g['target']} | {verdict(g['met'])} |" for g in goals),
         "",
-        "Shares are of the GEMM ceiling measured in this run on the model's own FFN shape. "
+        "Shares are of the GEMM ceiling measured in this run on the model's own FFN shape, "
+        "around each method's own loads (the mean of the GEMM timed just before and just after "
+        "them; the machine's speed drifts during a run). "
         "Cosines compare each server's vectors of every corpus text (from its widest one-text "
         "load) with sentence-transformers' fp32 vectors of the same texts. Device idle: the "
         "share of a load's wall time the server's device thread spent on no batch "
@@ -457,8 +492,8 @@ def history_rows(data: dict[str, Any]) -> list[str]:
             rows.append(
                 f"{head} | {part['model']} | {r['name']} | {fmt(bulk)} | "
                 f"{fmt(single)}{f' ({top})' if top else ''} | "
-                f"{fmt(best / tokens_ceiling(c, 'fp32'), '.0%')} | "
-                f"{fmt(best / tokens_ceiling(c, own_dtype(r['name'])), '.0%')} | "
+                f"{fmt(best / tokens_ceiling(own_ceiling(c, r), 'fp32'), '.0%')} | "
+                f"{fmt(best / tokens_ceiling(own_ceiling(c, r), own_dtype(r['name'])), '.0%')} | "
                 f"{fmt(r.get('cos_min', NAN), '.4f')} / {fmt(r.get('cos_mean', NAN), '.4f')} | "
                 f"{idle} | {fmt(r.get('short_p50_ms', NAN), '.1f')} |"
             )
@@ -473,8 +508,8 @@ def history_rows(data: dict[str, Any]) -> list[str]:
             rows.append(
                 f"{head} | rerank ({rerank['per_query']} per query) | {r['name']} | "
                 f"{fmt(four)} pairs/s (20x4) | {fmt(one)} pairs/s (20x1) | "
-                f"{fmt(best / rerank_ceiling(c, 'fp32'), '.0%')} | "
-                f"{fmt(best / rerank_ceiling(c, own_dtype(r['name'])), '.0%')} | "
+                f"{fmt(best / rerank_ceiling(own_ceiling(c, r), 'fp32'), '.0%')} | "
+                f"{fmt(best / rerank_ceiling(own_ceiling(c, r), own_dtype(r['name'])), '.0%')} | "
                 f"score diff {fmt(r.get('score_diff', NAN), '.1e')} | {idle} | - |"
             )
     return rows

@@ -113,20 +113,26 @@ def log(msg: str) -> None:
 # ---------------------------------------------------------------- machine ceiling
 
 _GEMM: dict[tuple[str, int, int], float | None] = {}
+#: Seconds of GEMM timed per dtype before and after each method: the best of about 80 runs.
+AROUND_SECONDS = 0.75
 
 
 def gemm_gflops(dtype_name: str, k: int = 384, n: int = 1536, seconds: float = 1.5) -> float | None:
     """Best GFLOP/s of a model's FFN GEMM shape (2,048 tokens x hidden k -> intermediate n)
-    through the fast linear path; measured once per shape and dtype."""
-    if (dtype_name, k, n) in _GEMM:
-        return _GEMM[(dtype_name, k, n)]
+    through the fast linear path; measured once per shape and dtype (the run's start)."""
+    if (dtype_name, k, n) not in _GEMM:
+        _GEMM[(dtype_name, k, n)] = measure_gemm(dtype_name, k, n, seconds)
+    return _GEMM[(dtype_name, k, n)]
+
+
+def measure_gemm(dtype_name: str, k: int, n: int, seconds: float) -> float | None:
+    """`gemm_gflops` measured now; None for a dtype without a native GEMM here."""
     import torch
 
     from vectorpress.backends.torch.layers import FusedLinear, onednn_supported
 
     dtype = getattr(torch, dtype_name)
     if dtype != torch.float32 and not onednn_supported(dtype):
-        _GEMM[(dtype_name, k, n)] = None
         return None
     m = 2048
     layer = FusedLinear(torch.randn(n, k, dtype=dtype) / 20, torch.zeros(n, dtype=dtype))
@@ -139,8 +145,34 @@ def gemm_gflops(dtype_name: str, k: int = 384, n: int = 1536, seconds: float = 1
             t = time.perf_counter()
             layer(x)
             best = max(best, 2 * m * k * n / (time.perf_counter() - t) / 1e9)
-    _GEMM[(dtype_name, k, n)] = best
     return best
+
+
+def gflops_now(ceiling: dict[str, Any]) -> dict[str, float]:
+    """The GEMM ceiling of `ceiling`'s shape in each dtype it has, measured now."""
+    k, n = ceiling["gemm_kn"]
+    out = {}
+    for key, name in (("fp32", "float32"), ("bf16", "bfloat16")):
+        if ceiling[f"{key}_gflops"]:
+            gflops = measure_gemm(name, k, n, AROUND_SECONDS)
+            if gflops:
+                out[key] = gflops
+    return out
+
+
+def around(ceiling: dict[str, Any], measure: Callable[[], Result]) -> Result:
+    """`measure()`'s result with the GEMM ceiling measured just before and just after it (the
+    machine's speed drifts by up to 1.5x within a run: a share of a ceiling timed half an hour
+    earlier reads that drift as the method's)."""
+    before = gflops_now(ceiling)
+    res = measure()
+    res.gflops = mean_gflops(before, gflops_now(ceiling))
+    log(f"  GEMM around {res.name}: " + ", ".join(f"{d} {g:.0f}" for d, g in res.gflops.items()))
+    return res
+
+
+def mean_gflops(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {d: (before[d] + after[d]) / 2 for d in before if d in after}
 
 
 def attended_length(counts: list[int]) -> float:
@@ -167,6 +199,7 @@ def ceiling_for(folder: Path, counts: list[int]) -> dict[str, Any]:
         "flops_per_token": flops_per_token(config, attended_length(counts)),
         "attended_keys": attended_length(counts),
         "gemm_shape": f"2048 x {k} x {n}",
+        "gemm_kn": [k, n],
     }
 
 
@@ -589,24 +622,31 @@ def run_servers(
     chosen: list[Method],
     measure: Callable[[Server, str], Result],
     quick: bool,
+    ceiling: dict[str, Any],
 ) -> list[Result]:
     found = []
     for method in chosen:
         if part not in method.on or (quick and part in method.full_only):
             continue
-        log(f"starting {method.name} ({folder.name})")
-        server: Server | None = None
-        try:
-            server = method.make(folder, free_port())
-            server.wait()
-            found.append(measure(server, method.name))
-        except Exception as exc:  # one failing peer must not lose the others' figures
-            log(f"{method.name} failed: {exc}")
-            found.append(Result(method.name, note=f"failed: {exc}"))
-        finally:
-            if server is not None:
-                server.stop()
+        found.append(around(ceiling, lambda m=method: serve_and_measure(m, folder, measure)))
     return found
+
+
+def serve_and_measure(
+    method: Method, folder: Path, measure: Callable[[Server, str], Result]
+) -> Result:
+    log(f"starting {method.name} ({folder.name})")
+    server: Server | None = None
+    try:
+        server = method.make(folder, free_port())
+        server.wait()
+        return measure(server, method.name)
+    except Exception as exc:  # one failing peer must not lose the others' figures
+        log(f"{method.name} failed: {exc}")
+        return Result(method.name, note=f"failed: {exc}")
+    finally:
+        if server is not None:
+            server.stop()
 
 
 # ---------------------------------------------------------------- main
@@ -716,7 +756,9 @@ def main() -> None:
             log(f"round {i + 1} of {args.rounds}")
         found: list[list[Result]] = []
         for k, suite in enumerate(suites):
+            before = gflops_now(suite.ceiling)
             st, reference = bench_st(suite)
+            st.gflops = mean_gflops(before, gflops_now(suite.ceiling))
             log(f"{suite.label}: sentence-transformers {st.load['encode32']['tokens_per_s']:.0f} "
                 "tok/s")  # fmt: skip
             servers = run_servers(
@@ -725,16 +767,19 @@ def main() -> None:
                 chosen,
                 lambda s, name, su=suite, ref=reference: bench_server(s, su, name, ref),
                 args.quick,
+                suite.ceiling,
             )
             found.append([st, *servers])
         if work is not None:
+            before = gflops_now(work.ceiling)
             ce, scores = bench_cross_encoder(work)
+            ce.gflops = mean_gflops(before, gflops_now(work.ceiling))
             log(f"rerank: CrossEncoder.predict {ce.load['20x1']['pairs_per_s']:.0f} pairs/s")
             found.append([
                 ce,
                 *run_servers("rerank", work.folder, chosen,
                              lambda s, name, ref=scores: bench_rerank_server(s, work, name, ref),
-                             args.quick),
+                             args.quick, work.ceiling),
             ])  # fmt: skip
         rounds.append(found)
     for k, suite in enumerate(suites):

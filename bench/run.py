@@ -247,27 +247,42 @@ def bench_st(suite: Suite) -> tuple[Result, np.ndarray]:
     return res, np.asarray(vectors, dtype=np.float64)
 
 
-def bare_forward_ms(model: Path, dtype: str = "float32") -> float:
-    """p50 of the torch backend's forward pass on the short query, with no server around it."""
+def bare_forward_ms(
+    model: Path,
+    dtype: str = "float32",
+    backend: str = "torch",
+    n: int = 50,
+    gap: float = 0.0,
+    warm: int = 10,
+) -> float:
+    """p50 of `backend`'s embed of the short query (pooling included), with no server around
+    it: `n` passes after `warm`, `gap` seconds apart (a client's queries are about 2 ms apart)."""
     from tokenizers import Tokenizer
 
-    from vectorpress.backends.torch.backend import TorchBackend
+    from vectorpress.backends.select import backend_args
     from vectorpress.model_spec import load_model_spec
-    from vectorpress.settings import ModelSettings
+    from vectorpress.settings import Settings
     from vectorpress.types import Batch, Encoding
 
-    spec = load_model_spec(model, ModelSettings(str(model)))
-    backend = TorchBackend(spec, "cpu", dtype)
+    settings = Settings.single(str(model), backend=backend, dtype=dtype)
+    spec = load_model_spec(model, settings.model)
+    if backend == "openvino":
+        from vectorpress.backends.openvino.backend import OpenVinoBackend as Backend
+    else:
+        from vectorpress.backends.torch.backend import TorchBackend as Backend  # type: ignore[assignment]
+    engine = Backend(spec, **backend_args(settings.model))
     tok = Tokenizer.from_file(str(model / "tokenizer.json"))
     tok.no_padding()  # some tokenizer.json files pad every input to a fixed length
     enc = tok.encode(SHORT_QUERY)
     batch = Batch.from_encodings([Encoding(ids=enc.ids, type_ids=enc.type_ids)])
     lat = []
-    for _ in range(60):
+    for _ in range(warm + n):
         t = time.perf_counter()
-        backend.embed(batch)
+        engine.embed(batch)
         lat.append(time.perf_counter() - t)
-    return pct(lat[10:], 0.5) * 1e3
+        if gap:
+            time.sleep(gap)
+    return pct(lat[warm:], 0.5) * 1e3
 
 
 # ---------------------------------------------------------------- servers

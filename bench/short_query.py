@@ -58,6 +58,7 @@ from bench.client import (  # noqa: E402
     wait_healthy,
 )
 from bench.corpus import SHORT_QUERY  # noqa: E402
+from bench.run import bare_forward_ms  # noqa: E402
 
 # all-MiniLM-L6-v2's linear layers per encoder layer, (out, in): QKV fused, attention output,
 # FFN in and out.
@@ -265,36 +266,6 @@ def read_bandwidth_gbps(mib: int = 256, reps: int = 9) -> float:
     return statistics.median(rates)
 
 
-def bare_backend_ms(model: Path, backend: str, n: int = 200) -> float:
-    """p50 of `backend`'s embed of the short query in-process (pooling included), 2 ms apart
-    as a client's queries are."""
-    from tokenizers import Tokenizer
-
-    from vectorpress.backends.select import backend_args
-    from vectorpress.model_spec import load_model_spec
-    from vectorpress.settings import Settings
-    from vectorpress.types import Batch, Encoding
-
-    settings = Settings.single(str(model), backend=backend)
-    spec = load_model_spec(model, settings.model)
-    if backend == "openvino":
-        from vectorpress.backends.openvino.backend import OpenVinoBackend as Backend
-    else:
-        from vectorpress.backends.torch.backend import TorchBackend as Backend  # type: ignore[assignment]
-    engine = Backend(spec, **backend_args(settings.model))
-    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
-    tok.no_padding()
-    enc = tok.encode(SHORT_QUERY)
-    batch = Batch.from_encodings([Encoding(ids=enc.ids, type_ids=enc.type_ids)])
-    lat = []
-    for _ in range(n + 20):
-        t = time.perf_counter()
-        engine.embed(batch)
-        lat.append(time.perf_counter() - t)
-        time.sleep(0.002)
-    return statistics.median(lat[20:]) * 1e3
-
-
 def echo(port: int, body_file: Path, read_mib: int = 0) -> None:
     """An HTTP server with no work in it: uvicorn on the server's own protocol, answering every
     POST with `body_file`'s bytes as JSON, sent as the server sends its answers. With
@@ -367,7 +338,7 @@ def floors(backend: str, rounds: int, requests: int, out: Path | None) -> None:
     weights = linear_weight_bytes(config)
     read_mib = weights // 2**20 + 1
     bandwidth = read_bandwidth_gbps()
-    bare = bare_backend_ms(model, backend)
+    bare = bare_forward_ms(model, backend=backend, n=200, gap=0.002, warm=20)
     tiny = tiny_checkpoint(Path(tempfile.gettempdir()) / "vectorpress-bench-tiny-bert")
     body = Path(tempfile.gettempdir()) / f"short-query-answer-{os.getpid()}.json"
     serve = [sys.executable, "-m", "vectorpress", "serve", "--hostname", "127.0.0.1"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +27,7 @@ from vectorpress.errors import BackendError, UnhealthyError
 from vectorpress.model_spec import ModelSpec, load_model_spec
 from vectorpress.server import build_pipeline
 from vectorpress.settings import ModelSettings, ServerSettings
-from vectorpress.types import Encoding, Entry, OutputKind
+from vectorpress.types import Batch, Encoding, Entry, OutputKind
 
 PASSAGE = " ".join(["water"] * 25)  # 27 tokens with [CLS] and [SEP]
 QUERY = "a short query"  # 5 tokens
@@ -305,6 +305,43 @@ def test_a_failure_recording_metrics_loses_no_answer(rig: Callable[[bool], Rig])
         assert len(asyncio.run(model.infer.embed([QUERY, PASSAGE])).values) == 2
     assert calls == 2
     assert model.infer.worker.alive
+
+
+def test_a_batchs_metrics_are_recorded_on_the_loop_after_its_answers(
+    rig: Callable[[bool], Rig],
+) -> None:
+    """The device thread hands the batch's metrics to the event loop with the answers: it
+    lets go of the interpreter lock at once, and the loop records them after the callers it
+    woke have run."""
+    model = rig(True).add()
+    seen: list[tuple[str, bool, int]] = []
+    record = model.infer.worker.on_batch
+    assert record is not None
+    entries: list[Entry] = []
+    put = model.infer.queue.put
+
+    def keep(batch: Iterable[Entry], *args: object) -> None:
+        batch = list(batch)
+        entries.extend(batch)
+        put(batch, *args)  # type: ignore[arg-type]
+
+    def on_batch(batch: Batch, elapsed: float, ok: bool) -> None:
+        seen.append(
+            (threading.current_thread().name, all(e.future.done() for e in entries), batch.size)
+        )
+        record(batch, elapsed, ok)
+
+    model.infer.worker.on_batch = on_batch
+    model.infer.queue.put = keep  # type: ignore[method-assign]
+
+    async def scenario() -> threading.Thread:
+        await model.infer.embed([QUERY, PASSAGE])
+        await asyncio.sleep(0)  # the loop's next turn: where the metrics wait
+        return threading.current_thread()
+
+    loop_thread = asyncio.run(scenario())
+    assert seen == [(loop_thread.name, True, 2)]
+    assert model.infer.metrics.value("vectorpress_batch_real_tokens") > 0
 
 
 def test_work_put_after_shutdown_began_fails_at_once(rig: Callable[[bool], Rig]) -> None:

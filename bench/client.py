@@ -146,6 +146,13 @@ def _head(raw: bytes) -> tuple[int, dict[str, str]]:
     return status, headers
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a server a benchmark starts."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def wait_healthy(
     name: str, url: str, proc: subprocess.Popen[bytes], log: str, timeout: float, poll: float
 ) -> None:

@@ -37,19 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from client import Connection, wait_healthy
+from client import Connection, free_port, wait_healthy
 from corpus import sentences
 
 ROOT = Path(__file__).resolve().parents[1]
 QUERY = "How do I configure logging for a small web service?"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pct(values: Sequence[float], p: float) -> float:

@@ -29,16 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.client import Connection  # noqa: E402
+from bench.client import Connection, free_port  # noqa: E402
 
 CJK = "".join(chr(0x4E00 + (i * 7919) % 20000) for i in range(60_000))
 SMALL = {"inputs": "hello"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- the server process --------------------------------------------------------------------------

@@ -51,7 +51,6 @@ import math
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -71,6 +70,7 @@ from bench import rerank  # noqa: E402
 from bench.client import (  # noqa: E402
     BlockingConnection,
     Connection,
+    free_port,
     inference_seconds,
     mean_inference,
     metric_sums,
@@ -93,12 +93,6 @@ def package_folder(module: str, sub: str = "") -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(next(iter(spec.submodule_search_locations))) / sub
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pct(values: list[float], p: float) -> float:

@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -53,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.client import (  # noqa: E402
     BlockingConnection,
+    free_port,
     inference_seconds,
     mean_inference,
     wait_healthy,
@@ -76,12 +76,6 @@ def _model() -> Path:
     return model
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class _Server:
     def __init__(self, spec: str, model: Path, cmd: list[str] | None = None) -> None:
         """`cmd`: run this instead of `vectorpress serve` (it gets `--port`)."""
@@ -89,7 +83,7 @@ class _Server:
         tree, _, variables = rest.partition(":")
         env = dict(v.split("=", 1) for v in variables.split(",") if v)
         args = env.pop("ARGS", "").split("+") if "ARGS" in env else []
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         src = Path(tree or ".").resolve() / "src"
         self.log = Path(f"/tmp/short-query-{self.name}.log")

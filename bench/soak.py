@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -31,13 +30,8 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.client import free_port  # noqa: E402
 from tests.helpers.texts import mixed_texts  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def percentile(sorted_values: list[float], p: float) -> str:

@@ -14,7 +14,8 @@ each sees the same machine. Per round and over all rounds: HTTP p50 and mean, th
 mean inference time (`te_request_inference_duration`, from /metrics around the round), and the
 overhead, HTTP minus that inference time (mean and p50).
 
-`kernels` times, in-process, the 24 GEMMs of a 16-row pass of all-MiniLM-L6-v2 on each linear
+`kernels` times, in-process, the 24 GEMMs of all-MiniLM-L6-v2's pass of the query (one row per
+token, 16) on each linear
 kernel torch offers (oneDNN on weights reordered once, F.linear on MKL's sgemm, MKL's packed
 sgemm, addmm on a transposed weight), with six layers' distinct weights (cold: 42 MB, more than
 the L3 cache, as in the model) and one layer's six times (hot), rounds interleaved, and the
@@ -24,10 +25,12 @@ GEMMs take, and so what any change outside them can win.
 `floors` sets the short query (OpenVINO fp32 by default, the fastest fp32 path measured)
 against what bounds it from below, in one run: the model's linear weights, larger than the L3
 cache and so read from memory whole on every one-row pass, at the memory read bandwidth measured
-in the same process; the backend's bare pass in-process; and an HTTP server with no work in it
-(uvicorn on the server's own protocol, answering the server's own answer bytes) under the same
-client, alternated with the real server round by round. What the real server takes beyond the
-bare pass is its overhead; what the bare pass takes beyond the weights' read is the kernels'.
+in the same process; the same GEMMs as `kernels` times them on oneDNN, with their weights in the
+caches (the kernels' compute on so few rows: the other bound) and read from memory; the
+backend's bare pass in-process; and an HTTP server with no work in it (uvicorn on the server's
+own protocol, answering the server's own answer bytes) under the same client, alternated with
+the real server round by round. What the real server takes beyond the bare pass is its
+overhead; what the bare pass takes beyond the larger bound is the rest of the pass's work.
 
 Run them holding the benchmark lock (`flock /work/wt/bench.lock ...` on the shared machines);
 compare the figures within one run only.
@@ -58,12 +61,8 @@ from bench.client import (  # noqa: E402
     wait_healthy,
 )
 from bench.corpus import SHORT_QUERY  # noqa: E402
-from bench.run import bare_forward_ms  # noqa: E402
+from bench.run import bare_forward_ms, flops_per_token, measure_gemm  # noqa: E402
 
-# all-MiniLM-L6-v2's linear layers per encoder layer, (out, in): QKV fused, attention output,
-# FFN in and out.
-_SHAPES = [(1152, 384), (384, 384), (1536, 384), (384, 1536)]
-_LAYERS = 6
 _QUERY = json.dumps({"inputs": [SHORT_QUERY]}).encode()
 
 
@@ -164,33 +163,36 @@ def servers(specs: list[str], rounds: int, requests: int) -> None:
             server.stop()
 
 
-def kernels(rounds: int) -> None:
+def gemm_passes(config: dict[str, Any], rows: int) -> dict[str, Callable[[], None]]:
+    """A pass's linear layers (the shapes and layer count of `config`, random weights) on `rows`
+    rows, for each linear kernel torch offers: oneDNN on weights reordered once, F.linear on
+    MKL's sgemm, addmm on a transposed weight, MKL's packed sgemm where torch has it; each
+    `cold` (every layer's own weights: larger than the L3 cache, read from memory as in the
+    model) and `hot` (the first layer's, every time: they stay in the caches)."""
     import torch
     import torch.nn.functional as F
-    from tokenizers import Tokenizer
 
-    from vectorpress.backends.torch.backend import TorchBackend
-    from vectorpress.model_spec import load_model_spec
-    from vectorpress.settings import ModelSettings
-    from vectorpress.types import Batch, Encoding
-
-    rows = 16
+    h, inner, layers = (
+        config["hidden_size"],
+        config["intermediate_size"],
+        config["num_hidden_layers"],
+    )
+    shapes = [(3 * h, h), (h, h), (inner, h), (h, inner)]  # QKV fused, output, FFN in and out
     gen = torch.Generator().manual_seed(0)
-    weights = [
-        [torch.randn(o, i, generator=gen) * 0.02 for o, i in _SHAPES] for _ in range(_LAYERS)
-    ]
-    biases = [torch.zeros(o) for o, _ in _SHAPES]
-    xs = {i: torch.randn(rows, i, generator=gen) for _, i in _SHAPES}
+    weights = [[torch.randn(o, i, generator=gen) * 0.02 for o, i in shapes] for _ in range(layers)]
+    biases = [torch.zeros(o) for o, _ in shapes]
+    xs = {i: torch.randn(rows, i, generator=gen) for _, i in shapes}
 
     def runner(prepare: Callable[[torch.Tensor], object], call: Callable[..., object]) -> Any:
         cold = [[prepare(w) for w in layer] for layer in weights]
-        hot = [cold[0]] * _LAYERS
+        hot = [cold[0]] * layers
 
-        def make(layers: list[list[object]]) -> Callable[[], None]:
+        def make(passes: list[list[object]]) -> Callable[[], None]:
+            @torch.inference_mode()
             def run() -> None:
-                for layer in layers:
-                    for (_, i), w, b, raw in zip(_SHAPES, layer, biases, weights[0], strict=True):
-                        call(xs[i], w, b, raw)
+                for layer in passes:
+                    for (_, i), w, b in zip(shapes, layer, biases, strict=True):
+                        call(xs[i], w, b)
 
             return run
 
@@ -198,43 +200,70 @@ def kernels(rounds: int) -> None:
 
     reorder = torch.ops.mkldnn._reorder_linear_weight
 
-    def _onednn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, _: object) -> torch.Tensor:
+    def _onednn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
 
-    fns: dict[str, Callable[[], None]] = {}
     variants: dict[str, tuple[Callable[[torch.Tensor], object], Callable[..., object]]] = {
         "oneDNN": (lambda w: reorder(w, None), _onednn),
-        "F.linear": (lambda w: w, lambda x, w, b, _: F.linear(x, w, b)),
-        "addmm": (lambda w: w.t().contiguous(), lambda x, w, b, _: torch.addmm(b, x, w)),
+        "F.linear": (lambda w: w, lambda x, w, b: F.linear(x, w, b)),
+        "addmm": (lambda w: w.t().contiguous(), lambda x, w, b: torch.addmm(b, x, w)),
     }  # fmt: skip
     if hasattr(torch.ops.mkl, "_mkl_linear"):
         variants["MKL packed"] = (
             lambda w: (torch.ops.mkl._mkl_reorder_linear_weight(w, rows), w),
-            lambda x, w, b, _: torch.ops.mkl._mkl_linear(x, w[0], w[1], b, rows),
+            lambda x, w, b: torch.ops.mkl._mkl_linear(x, w[0], w[1], b, rows),
         )
+    fns: dict[str, Callable[[], None]] = {}
     with torch.inference_mode():
         for name, (prepare, call) in variants.items():
             fns[f"{name} cold"], fns[f"{name} hot"] = runner(prepare, call)
-        model = _model()
-        spec = load_model_spec(model, ModelSettings(str(model)))
-        backend = TorchBackend(spec, "cpu", "float32")
-        tok = Tokenizer.from_file(str(model / "tokenizer.json"))
-        tok.no_padding()
-        enc = tok.encode(SHORT_QUERY)
-        batch = Batch.from_encodings([Encoding(ids=enc.ids, type_ids=enc.type_ids)])
-        fns["bare forward (backend.embed)"] = lambda: backend.embed(batch)  # type: ignore[assignment,return-value]
-        times: dict[str, list[float]] = {k: [] for k in fns}
-        for fn in fns.values():
+    return fns
+
+
+def query_tokens(model: Path) -> Any:
+    """The short query's encoding by the model's own tokenizer (special tokens included)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+    tok.no_padding()
+    return tok.encode(SHORT_QUERY)
+
+
+def interleaved_ms(fns: dict[str, Callable[[], None]], rounds: int) -> dict[str, float]:
+    """Each function's median time in ms over `rounds` rounds, the functions taking turns
+    within each round (after two warm-up calls each)."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for fn in fns.values():
+        fn()
+        fn()
+    for _ in range(rounds):
+        for key, fn in fns.items():
+            t = time.perf_counter()
             fn()
-            fn()
-        for _ in range(rounds):
-            for key, fn in fns.items():
-                t = time.perf_counter()
-                fn()
-                times[key].append(time.perf_counter() - t)
-    print(f"{len(enc.ids)}-token query, {rows}-row GEMMs, {torch.get_num_threads()} threads")
-    for key, values in times.items():
-        print(f"  {key}: {statistics.median(values) * 1e3:.2f} ms (median of {rounds})")
+            times[key].append(time.perf_counter() - t)
+    return {key: statistics.median(values) * 1e3 for key, values in times.items()}
+
+
+def kernels(rounds: int) -> None:
+    import torch
+
+    from vectorpress.backends.torch.backend import TorchBackend
+    from vectorpress.model_spec import load_model_spec
+    from vectorpress.settings import ModelSettings
+    from vectorpress.types import Batch, Encoding
+
+    model = _model()
+    enc = query_tokens(model)
+    rows = len(enc.ids)
+    fns = gemm_passes(json.loads((model / "config.json").read_text()), rows)
+    spec = load_model_spec(model, ModelSettings(str(model)))
+    backend = TorchBackend(spec, "cpu", "float32")
+    batch = Batch.from_encodings([Encoding(ids=enc.ids, type_ids=enc.type_ids)])
+    fns["bare forward (backend.embed)"] = lambda: backend.embed(batch)  # type: ignore[assignment,return-value]
+    times = interleaved_ms(fns, rounds)
+    print(f"{rows}-token query, {rows}-row GEMMs, {torch.get_num_threads()} threads")
+    for key, ms in times.items():
+        print(f"  {key}: {ms:.2f} ms (median of {rounds})")
 
 
 def linear_weight_bytes(config: dict[str, Any]) -> int:
@@ -332,6 +361,14 @@ def floors(backend: str, rounds: int, requests: int, out: Path | None) -> None:
     weights = linear_weight_bytes(config)
     read_mib = weights // 2**20 + 1
     bandwidth = read_bandwidth_gbps()
+    tokens = len(query_tokens(model).ids)
+    passes = gemm_passes(config, tokens)
+    gemms = interleaved_ms({k: passes[f"oneDNN {k}"] for k in ("hot", "cold")}, 50)
+    del passes
+    h, inner = config["hidden_size"], config["intermediate_size"]
+    ceiling = measure_gemm("float32", h, inner, 1.5) or float("nan")
+    # GFLOP/s of the linears alone (no attention: flops_per_token over no keys).
+    rate = flops_per_token(config, 0) * tokens / gemms["hot"] / 1e6
     bare = bare_forward_ms(model, backend=backend, n=200, gap=0.002, warm=20)
     tiny = tiny_checkpoint(Path(tempfile.gettempdir()) / "vectorpress-bench-tiny-bert")
     body = Path(tempfile.gettempdir()) / f"short-query-answer-{os.getpid()}.json"
@@ -380,6 +417,16 @@ def floors(backend: str, rounds: int, requests: int, out: Path | None) -> None:
             stream,
         ),
         (
+            f"its linear layers' GEMMs alone on the query's {tokens} rows, weights in the caches "
+            f"(oneDNN, the fastest torch kernel here): the kernels' compute, {rate:.0f} GFLOP/s, "
+            f"{rate / ceiling:.0%} of this run's 2,048-row GEMM ceiling ({ceiling:.0f})",
+            gemms["hot"],
+        ),
+        (
+            "the same GEMMs with every layer's own weights, read from memory as in the pass",
+            gemms["cold"],
+        ),
+        (
             "the same server on a 2-layer, 32-wide BERT: overhead (HTTP p50 minus inference "
             f"{inference('tiny'):.2f} ms)",
             p50("tiny") - inference("tiny"),
@@ -390,7 +437,11 @@ def floors(backend: str, rounds: int, requests: int, out: Path | None) -> None:
             f"({inference('cold'):.2f} ms on one thread), its path with cold caches",
             p50("cold") - inference("cold"),
         ),
-        ("floor: the weights' read plus the server with no work", stream + p50("echo")),
+        (
+            "floor: the larger of the weights' read and the GEMMs' compute, plus the server "
+            "with no work",
+            max(stream, gemms["hot"]) + p50("echo"),
+        ),
     ]
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     lines = [

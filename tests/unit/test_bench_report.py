@@ -163,6 +163,53 @@ def test_short_query_floor_counts_every_linear_weight_of_the_checkpoint() -> Non
     assert linear_weight_bytes(config) == linear
 
 
+def test_the_short_querys_gemm_passes_hold_the_checkpoints_linear_layers() -> None:
+    """The floor's GEMMs are the model's own: per layer the checkpoint's linear weights (Q, K
+    and V as one), and every layer's own weights when cold, the first layer's when hot."""
+    import json
+
+    import torch
+    from bench.run import flops_per_token
+    from bench.short_query import gemm_passes
+    from safetensors import safe_open
+
+    from vectorpress.hub import bundled_model_path
+
+    folder = bundled_model_path()
+    assert folder is not None
+    config = json.loads((folder / "config.json").read_text())
+    weights_per_layer = 0
+    with safe_open(str(folder / "model.safetensors"), "np") as tensors:
+        for name in tensors.keys():  # noqa: SIM118 (safe_open has no __iter__)
+            if ".layer.0." in name and name.endswith(".weight") and "LayerNorm" not in name:
+                weights_per_layer += tensors.get_tensor(name).size
+    layers = config["num_hidden_layers"]
+    # What the floor's GFLOP/s divides by: two FLOPs per weight per row.
+    assert flops_per_token(config, 0) == 2 * weights_per_layer * layers
+    calls: list[tuple[int, int, int]] = []
+    real = torch.ops.mkldnn._linear_pointwise
+
+    def counting(x: torch.Tensor, w: torch.Tensor, *args: object) -> torch.Tensor:
+        calls.append((x.shape[0], x.shape[1], id(w)))
+        return real(x, w, *args)
+
+    passes = gemm_passes(config, 5)
+    torch.ops.mkldnn._linear_pointwise = counting
+    try:
+        passes["oneDNN cold"]()
+        cold = list(calls)
+        calls.clear()
+        passes["oneDNN hot"]()
+        hot = list(calls)
+    finally:
+        torch.ops.mkldnn._linear_pointwise = real
+    h, inner = config["hidden_size"], config["intermediate_size"]
+    per_layer = [h, h, h, inner]  # each linear's input width: QKV, output, FFN in, FFN out
+    assert [(rows, width) for rows, width, _ in cold] == [(5, w) for w in per_layer] * layers
+    assert len({ptr for *_, ptr in cold}) == 4 * layers
+    assert len({ptr for *_, ptr in hot}) == 4 and len(hot) == 4 * layers
+
+
 def test_a_share_is_of_the_ceiling_measured_around_its_own_loads() -> None:
     # The machine ran at half speed around this method's loads: 3,800 tokens/s is 76% of the
     # 5,000 its GEMM then allowed, not 38% of the run's first 10,000.

@@ -94,7 +94,14 @@ def test_sigterm_finishes_the_stream_in_flight_then_exits_0(
                 try:
                     pb_grpc.EmbedStub(channel).Embed(pb.EmbedRequest(inputs="late"), timeout=5)
                 except grpc.RpcError as exc:
-                    assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
+                    # UNAVAILABLE once the server refuses calls; a call that reached it just
+                    # before, not yet taken by a handler when the stop began, gRPC's core fails
+                    # as CANCELLED (grpc/grpc#41785; seen once in a full suite): refused either
+                    # way, not left waiting.
+                    assert exc.code() in (
+                        grpc.StatusCode.UNAVAILABLE,
+                        grpc.StatusCode.CANCELLED,
+                    ), exc
                     break
             assert time.monotonic() < deadline, "new calls still accepted after SIGTERM"
             time.sleep(0.05)

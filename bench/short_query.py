@@ -15,12 +15,11 @@ mean inference time (`te_request_inference_duration`, from /metrics around the r
 overhead, HTTP minus that inference time (mean and p50).
 
 `kernels` times, in-process, the 24 GEMMs of all-MiniLM-L6-v2's pass of the query (one row per
-token, 16) on each linear
-kernel torch offers (oneDNN on weights reordered once, F.linear on MKL's sgemm, MKL's packed
-sgemm, addmm on a transposed weight), with six layers' distinct weights (cold: 42 MB, more than
-the L3 cache, as in the model) and one layer's six times (hot), rounds interleaved, and the
-torch backend's bare forward of the short query beside them: how much of that forward the
-GEMMs take, and so what any change outside them can win.
+token, 16) on each linear kernel torch offers (oneDNN on weights reordered once, F.linear on
+MKL's sgemm, MKL's packed sgemm, addmm on a transposed weight), with six layers' distinct weights
+(cold: 42 MB, more than the L3 cache, as in the model) and one layer's six times (hot), rounds
+interleaved, and the torch backend's bare forward of the short query beside them: how much of
+that forward the GEMMs take, and so what any change outside them can win.
 
 `floors` sets the short query (OpenVINO fp32 by default, the fastest fp32 path measured)
 against what bounds it from below, in one run: the model's linear weights, larger than the L3

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from bench.corpus import corpus, kind
 from bench.report import Result, Suite, append_history, history_rows, targets, widen
@@ -144,10 +145,11 @@ def test_attention_flops_follow_each_token_s_own_text_length() -> None:
     assert flops_per_token(config, 6.6) == 2 * (linear + 4 * 6.6 * 4)
 
 
-def test_short_query_floor_counts_every_linear_weight_of_the_checkpoint() -> None:
+def _bundled_layers() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The bundled checkpoint's config and its encoder layers' tensors but the LayerNorms', by
+    name (numpy arrays)."""
     import json
 
-    from bench.short_query import linear_weight_bytes
     from safetensors import safe_open
 
     from vectorpress.hub import bundled_model_path
@@ -155,34 +157,30 @@ def test_short_query_floor_counts_every_linear_weight_of_the_checkpoint() -> Non
     folder = bundled_model_path()
     assert folder is not None
     config = json.loads((folder / "config.json").read_text())
-    linear = 0
     with safe_open(str(folder / "model.safetensors"), "np") as weights:
-        for name in weights.keys():  # noqa: SIM118 (safe_open has no __iter__)
-            if ".layer." in name and "LayerNorm" not in name:
-                linear += weights.get_tensor(name).astype("float32").nbytes
+        names = [n for n in weights.keys() if ".layer." in n and "LayerNorm" not in n]  # noqa: SIM118 (safe_open has no __iter__)
+        return config, {name: weights.get_tensor(name) for name in names}
+
+
+def test_short_query_floor_counts_every_linear_weight_of_the_checkpoint() -> None:
+    from bench.short_query import linear_weight_bytes
+
+    config, tensors = _bundled_layers()
+    linear = sum(t.astype("float32").nbytes for t in tensors.values())
     assert linear_weight_bytes(config) == linear
 
 
 def test_the_short_querys_gemm_passes_hold_the_checkpoints_linear_layers() -> None:
     """The floor's GEMMs are the model's own: per layer the checkpoint's linear weights (Q, K
     and V as one), and every layer's own weights when cold, the first layer's when hot."""
-    import json
-
     import torch
     from bench.run import flops_per_token
     from bench.short_query import gemm_passes
-    from safetensors import safe_open
 
-    from vectorpress.hub import bundled_model_path
-
-    folder = bundled_model_path()
-    assert folder is not None
-    config = json.loads((folder / "config.json").read_text())
-    weights_per_layer = 0
-    with safe_open(str(folder / "model.safetensors"), "np") as tensors:
-        for name in tensors.keys():  # noqa: SIM118 (safe_open has no __iter__)
-            if ".layer.0." in name and name.endswith(".weight") and "LayerNorm" not in name:
-                weights_per_layer += tensors.get_tensor(name).size
+    config, tensors = _bundled_layers()
+    weights_per_layer = sum(
+        t.size for name, t in tensors.items() if ".layer.0." in name and name.endswith(".weight")
+    )
     layers = config["num_hidden_layers"]
     # What the floor's GFLOP/s divides by: two FLOPs per weight per row.
     assert flops_per_token(config, 0) == 2 * weights_per_layer * layers

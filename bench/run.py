@@ -241,6 +241,15 @@ def bench_st(suite: Suite) -> tuple[Result, np.ndarray]:
     return res, np.asarray(vectors, dtype=np.float64)
 
 
+def query_tokens(model: Path) -> Any:
+    """The short query's encoding by the model's own tokenizer (special tokens included)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+    tok.no_padding()  # some tokenizer.json files pad every input to a fixed length
+    return tok.encode(SHORT_QUERY)
+
+
 def bare_forward_ms(
     model: Path,
     dtype: str = "float32",
@@ -251,23 +260,14 @@ def bare_forward_ms(
 ) -> float:
     """p50 of `backend`'s embed of the short query (pooling included), with no server around
     it: `n` passes after `warm`, `gap` seconds apart (a client's queries are about 2 ms apart)."""
-    from tokenizers import Tokenizer
-
-    from vectorpress.backends.select import backend_args
+    from vectorpress.backends.select import select_backend
     from vectorpress.model_spec import load_model_spec
     from vectorpress.settings import Settings
     from vectorpress.types import Batch, Encoding
 
     settings = Settings.single(str(model), backend=backend, dtype=dtype)
-    spec = load_model_spec(model, settings.model)
-    if backend == "openvino":
-        from vectorpress.backends.openvino.backend import OpenVinoBackend as Backend
-    else:
-        from vectorpress.backends.torch.backend import TorchBackend as Backend  # type: ignore[assignment]
-    engine = Backend(spec, **backend_args(settings.model))
-    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
-    tok.no_padding()  # some tokenizer.json files pad every input to a fixed length
-    enc = tok.encode(SHORT_QUERY)
+    engine = select_backend(load_model_spec(model, settings.model), settings.model)
+    enc = query_tokens(model)
     batch = Batch.from_encodings([Encoding(ids=enc.ids, type_ids=enc.type_ids)])
     lat = []
     for _ in range(warm + n):

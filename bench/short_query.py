@@ -60,7 +60,12 @@ from bench.client import (  # noqa: E402
     wait_healthy,
 )
 from bench.corpus import SHORT_QUERY  # noqa: E402
-from bench.run import bare_forward_ms, flops_per_token, measure_gemm  # noqa: E402
+from bench.run import (  # noqa: E402
+    bare_forward_ms,
+    flops_per_token,
+    measure_gemm,
+    query_tokens,
+)
 
 _QUERY = json.dumps({"inputs": [SHORT_QUERY]}).encode()
 
@@ -217,15 +222,6 @@ def gemm_passes(config: dict[str, Any], rows: int) -> dict[str, Callable[[], Non
         for name, (prepare, call) in variants.items():
             fns[f"{name} cold"], fns[f"{name} hot"] = runner(prepare, call)
     return fns
-
-
-def query_tokens(model: Path) -> Any:
-    """The short query's encoding by the model's own tokenizer (special tokens included)."""
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
-    tok.no_padding()
-    return tok.encode(SHORT_QUERY)
 
 
 def interleaved_ms(fns: dict[str, Callable[[], None]], rounds: int) -> dict[str, float]:

@@ -226,14 +226,32 @@ class _Watched:
 def test_int8_holds_cosine_099_on_every_corpus_text(
     minilm: Path, tmp_path: Path, corpus_batches: list[Batch], corpus_fp32: np.ndarray
 ) -> None:
+    import openvino as ov
+
     backend = _backend(minilm, tmp_path, dtype="int8")
     assert backend.dtype == "int8"
+    # Activations quantized per 128 inputs, and the ops around the linears in bf16 where the CPU
+    # has it: the recipe whose accuracy this test holds.
+    assert backend.compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE") == ov_backend.INT8_GROUP
+    hint = backend.compiled.get_property("INFERENCE_PRECISION_HINT")
+    assert hint == (ov.Type.bf16 if cpus.native_bf16() else ov.Type.f32)
     assert_quantized_close(pooled(backend, corpus_batches), corpus_fp32, "openvino int8 vs fp32")
     # OpenVINO picks its int8 kernel by the pass's shape (a few rows run without quantizing
     # the activations), so a text's vector alone and in a batch agree to cosine 0.9999, not to
     # the last bits as on the torch and ONNX int8 paths.
     alone, together = alone_and_together(backend, minilm, TEXTS[:8])
     assert_close_vectors(alone, together, min_cos=0.9999, what="int8 alone vs batched")
+
+
+def test_int8_runs_the_ops_around_its_linears_in_bf16_only_where_the_cpu_has_it() -> None:
+    int8 = {bf16: ov_backend.compile_config("int8", bf16) for bf16 in (True, False)}
+    assert int8[True]["INFERENCE_PRECISION_HINT"] == "bf16"
+    assert int8[False]["INFERENCE_PRECISION_HINT"] == "f32"
+    assert {c["DYNAMIC_QUANTIZATION_GROUP_SIZE"] for c in int8.values()} == {128}
+    for dtype, hint in (("float32", "f32"), ("bfloat16", "bf16")):
+        config = ov_backend.compile_config(dtype, True)
+        assert config["INFERENCE_PRECISION_HINT"] == hint
+        assert "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in config
 
 
 def test_int8_compresses_the_encoder_and_keeps_a_classifier_head_in_float32(

@@ -3,10 +3,11 @@
 Each `MatMul` over per-token activations whose weight is a float32 constant gets that weight as
 int8 per output channel (symmetric, 127 levels) times one float32 scale per channel: the pattern
 (Constant i8 -> Convert -> Multiply -> MatMul) that OpenVINO's CPU plugin runs as a compressed
-FullyConnected, quantizing each row of activations on the fly. Weight-only in the graph, with no
-calibration: on all-MiniLM-L6-v2 every text of the benchmark corpus keeps cosine >= 0.997 to
-float32. Static int8 (per-tensor activation scales calibrated by NNCF, SmoothQuant 0.5 or 0.95)
-ran about 1.3x faster but fell to 0.969-0.977, under the 0.99 bound (docs/performance.md).
+FullyConnected, quantizing each row of activations on the fly, per 128 inputs (the backend's
+`INT8_GROUP`). Weight-only in the graph, with no calibration: on all-MiniLM-L6-v2 every text of
+the benchmark corpus keeps cosine >= 0.994 to float32. Static int8 (per-tensor activation
+scales calibrated by NNCF, SmoothQuant 0.5 or 0.95) fell to 0.969-0.977, under the 0.99 bound
+(docs/performance.md).
 Heads over one vector per text (a classifier's pooler and output layer) stay float32. The
 plugin picks its kernel by the pass's shape, so a text's vector alone and inside a batch agree to
 cosine 0.9999 (tested), not bit for bit as on the torch and ONNX int8 paths. With the on-the-fly

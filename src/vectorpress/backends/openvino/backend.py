@@ -32,8 +32,9 @@ log = logging.getLogger(__name__)
 #: ops around its linears in bf16 where the CPU has it, see `compile_config`).
 PRECISIONS = {"float32": "f32", "bfloat16": "bf16", "int8": "f32"}
 # Activations quantized on the fly per 128 of a linear's inputs under --dtype int8: on MiniLM
-# (Zen 4, with the bf16 below) 1.3x bf16 in-process and 1.1x over HTTP at cosine 0.995, where the
-# plugin's default of 32 ran level with bf16 at 0.998; 256, which does not divide 384, ran slower.
+# (Zen 4, with the bf16 below) 1.3x bf16 in-process and 1.1x over HTTP at cosine 0.995 (mpnet:
+# 1.3-1.5x over HTTP at 0.997), where the plugin's default of 32 ran level with bf16 at 0.998;
+# 256, which does not divide 384, ran slower.
 INT8_GROUP = 128
 # Padded tokens per run at most: 4,096 measured level with 2,048 and 8,192 on MiniLM (see
 # docs/performance.md); OpenVINO keeps no arena of the largest run, unlike ONNX Runtime.

@@ -167,12 +167,15 @@ def servers(specs: list[str], rounds: int, requests: int) -> None:
             server.stop()
 
 
-def gemm_passes(config: dict[str, Any], rows: int) -> dict[str, Callable[[], None]]:
+def gemm_passes(
+    config: dict[str, Any], rows: int, only: tuple[str, ...] = ()
+) -> dict[str, Callable[[], None]]:
     """A pass's linear layers (the shapes and layer count of `config`, random weights) on `rows`
-    rows, for each linear kernel torch offers: oneDNN on weights reordered once, F.linear on
-    MKL's sgemm, addmm on a transposed weight, MKL's packed sgemm where torch has it; each
-    `cold` (every layer's own weights: larger than the L3 cache, read from memory as in the
-    model) and `hot` (the first layer's, every time: they stay in the caches)."""
+    rows, for each linear kernel torch offers (or those named in `only`): oneDNN on weights
+    reordered once, F.linear on MKL's sgemm, addmm on a transposed weight, MKL's packed sgemm
+    where torch has it; each `cold` (every layer's own weights: larger than the L3 cache, read
+    from memory as in the model) and `hot` (the first layer's, every time: they stay in the
+    caches)."""
     import torch
     import torch.nn.functional as F
 
@@ -220,6 +223,8 @@ def gemm_passes(config: dict[str, Any], rows: int) -> dict[str, Callable[[], Non
     fns: dict[str, Callable[[], None]] = {}
     with torch.inference_mode():
         for name, (prepare, call) in variants.items():
+            if only and name not in only:
+                continue
             fns[f"{name} cold"], fns[f"{name} hot"] = runner(prepare, call)
     return fns
 
@@ -357,7 +362,7 @@ def floors(backend: str, rounds: int, requests: int, out: Path | None) -> None:
     read_mib = weights // 2**20 + 1
     bandwidth = read_bandwidth_gbps()
     tokens = len(query_tokens(model).ids)
-    passes = gemm_passes(config, tokens)
+    passes = gemm_passes(config, tokens, only=("oneDNN",))
     gemms = interleaved_ms({k: passes[f"oneDNN {k}"] for k in ("hot", "cold")}, 50)
     del passes
     h, inner = config["hidden_size"], config["intermediate_size"]

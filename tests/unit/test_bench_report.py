@@ -191,7 +191,8 @@ def test_the_short_querys_gemm_passes_hold_the_checkpoints_linear_layers() -> No
         calls.append((x.shape[0], x.shape[1], id(w)))
         return real(x, w, *args)
 
-    passes = gemm_passes(config, 5)
+    passes = gemm_passes(config, 5, only=("oneDNN",))
+    assert set(passes) == {"oneDNN cold", "oneDNN hot"}  # what the floors time, and no more
     torch.ops.mkldnn._linear_pointwise = counting
     try:
         passes["oneDNN cold"]()

@@ -123,3 +123,8 @@ def cpu_flags() -> frozenset[str]:
 def native_bf16() -> bool:
     """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX)."""
     return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+def native_int8_dot() -> bool:
+    """Whether this CPU has int8 dot-product instructions (VNNI in AVX-512 or AVX, or AMX)."""
+    return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & cpu_flags())

@@ -21,7 +21,7 @@ import numpy as np
 from vectorpress.backends.common.buckets import padded_inputs
 from vectorpress.backends.common.cache import build_cache
 from vectorpress.backends.onnx.backend import OnnxBackend, onnx_graph
-from vectorpress.cpus import available_cpus, native_bf16
+from vectorpress.cpus import available_cpus, native_bf16, native_int8_dot
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec
 from vectorpress.types import Batch
@@ -36,6 +36,13 @@ PRECISIONS = {"float32": "f32", "bfloat16": "bf16", "int8": "f32"}
 # 1.3-1.5x over HTTP at 0.997), where the plugin's default of 32 ran level with bf16 at 0.998;
 # 256, which does not divide 384, ran slower.
 INT8_GROUP = 128
+# Where the CPU has no VNNI nor AMX, the plugin quantizes no activations: its int8 linears
+# multiply the weights decompressed to f32 (`brgemm_avx2_f32` with i8 weights), which on a Zen 3
+# ran 0.86x float32 in-process, at any group size.
+WEIGHT_ONLY = (
+    "openvino int8 on a CPU without VNNI or AMX multiplies its 8-bit weights in float32, slower "
+    "than --dtype float32 here; --backend onnx or torch --dtype int8 quantize activations on AVX2"
+)
 # Padded tokens per run at most: 4,096 measured level with 2,048 and 8,192 on MiniLM (see
 # docs/performance.md); OpenVINO keeps no arena of the largest run, unlike ONNX Runtime.
 PASS_TOKENS = 4096
@@ -93,6 +100,8 @@ class OpenVinoBackend(OnnxBackend):
                         "serve it without --dtype int8"
                     )
                 log.info("openvino int8: %d linear weights in 8 bits", compressed)
+                if not native_int8_dot():
+                    log.warning(WEIGHT_ONLY)
             self.compiled = core.compile_model(model, "CPU", config)
         except StartupError:
             raise

@@ -80,7 +80,7 @@ from bench.corpus import SHORT_QUERY, corpus  # noqa: E402
 from bench.report import Result, Suite, write_report  # noqa: E402
 
 from vectorpress.backends.onnx.export import cached_graph, servable_folder  # noqa: E402
-from vectorpress.cpus import available_cpus  # noqa: E402
+from vectorpress.cpus import available_cpus, cpu_flags  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 INFINITY_VENV = ROOT / "bench" / ".venv-infinity"
@@ -667,6 +667,32 @@ def suite_for(label: str, folder: Path, n: int, seed: int, sweep: list[int]) -> 
     return Suite(label, folder, texts, counts, sweep, ceiling_for(folder, counts))
 
 
+def cpu_name() -> str:
+    """The CPU's model and the vector units the figures depend on: sessions draw different CPUs
+    (Zen 3's AVX2 has no native bf16 and no VNNI, so bf16 is not served and int8 is judged
+    against fp32 there)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        info = ""
+    fields = dict(
+        (k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in info.splitlines())
+    )
+    model = fields.get("model name", "") or platform.processor() or platform.machine()
+    if "cpu family" in fields:
+        model += f" (family {fields['cpu family']}, model {fields.get('model', '?')})"
+    flags = cpu_flags()
+    units = [
+        name
+        for name, flag in (
+            ("AVX-512", "avx512f"), ("BF16", "avx512_bf16"), ("VNNI", "avx512_vnni"),
+            ("AMX", "amx_tile"),
+        )
+        if flag in flags
+    ] or (["AVX2"] if "avx2" in flags else [])  # fmt: skip
+    return f"{model}, {' + '.join(units) or 'no AVX2'}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smaller corpus and sweep (< 5 min)")
@@ -745,7 +771,7 @@ def main() -> None:
     meta: dict[str, Any] = {
         "stamp": stamp, "model": main_suite.label,
         "texts": n, "tokens": sum(main_suite.counts), "cpus": os.cpu_count(),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        "machine": f"{cpu_name()}, {os.cpu_count()} CPUs, "
                    f"load average {os.getloadavg()[0]:.1f} at start",
         "command": command,
     }  # fmt: skip

@@ -66,6 +66,22 @@ def test_targets_not_measured_are_not_met_nor_failed() -> None:
     assert got["fp32 x Infinity's faster engine"] is None
 
 
+def test_without_native_bf16_int8_is_judged_against_fp32() -> None:
+    no_bf16 = suite(
+        served("vectorpress fp32", 6_000, 5_000),
+        served("vectorpress openvino int8", 5_100, 4_300, cos=0.998),  # weight-only: slower
+        served("vectorpress onnx int8 (`--dtype int8`)", 8_400, 6_500, cos=0.995),
+    )
+    no_bf16.ceiling["bf16_gflops"] = None
+    rows = targets([no_bf16], None)
+    (int8,) = [r for r in rows if str(r["what"]).startswith("int8")]
+    assert "onnx int8" in str(int8["what"]) and "/ fp32 (this CPU has no native bf16)" in str(
+        int8["what"]
+    )
+    assert int8["figure"] == "1.40x / 1.30x" and int8["met"] is True
+    assert verdicts(rows)["bf16 over HTTP"] is None
+
+
 def test_the_history_widens_old_rows_and_adds_one_per_model_method_and_rerank(
     tmp_path: Path,
 ) -> None:

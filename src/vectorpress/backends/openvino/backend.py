@@ -38,7 +38,8 @@ PRECISIONS = {"float32": "f32", "bfloat16": "bf16", "int8": "f32"}
 INT8_GROUP = 128
 # Where the CPU has no VNNI nor AMX, the plugin quantizes no activations: its int8 linears
 # multiply the weights decompressed to f32 (`brgemm_avx2_f32` with i8 weights), which on a Zen 3
-# ran 0.86x float32 in-process, at any group size.
+# ran 0.86x float32 in-process, at any group size. AVX-VNNI counts as VNNI here (no such CPU was
+# measured).
 WEIGHT_ONLY = (
     "openvino int8 on a CPU without VNNI or AMX multiplies its 8-bit weights in float32, slower "
     "than --dtype float32 here; --backend onnx or torch --dtype int8 quantize activations on AVX2"

@@ -80,7 +80,7 @@ from bench.corpus import SHORT_QUERY, corpus  # noqa: E402
 from bench.report import Result, Suite, write_report  # noqa: E402
 
 from vectorpress.backends.onnx.export import cached_graph, servable_folder  # noqa: E402
-from vectorpress.cpus import available_cpus, cpu_flags  # noqa: E402
+from vectorpress.cpus import available_cpus, cpu_flags, cpu_info  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 INFINITY_VENV = ROOT / "bench" / ".venv-infinity"
@@ -671,13 +671,7 @@ def cpu_name() -> str:
     """The CPU's model and the vector units the figures depend on: sessions draw different CPUs
     (Zen 3's AVX2 has no native bf16 and no VNNI, so bf16 is not served and int8 is judged
     against fp32 there)."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        info = ""
-    fields = dict(
-        (k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in info.splitlines())
-    )
+    fields = cpu_info()
     model = fields.get("model name", "") or platform.processor() or platform.machine()
     if "cpu family" in fields:
         model += f" (family {fields['cpu family']}, model {fields.get('model', '?')})"

@@ -110,14 +110,21 @@ def _ratio(quota: str, period: str) -> float | None:
 
 
 @functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags as Linux names them (empty where /proc/cpuinfo is unreadable)."""
+def cpu_info() -> dict[str, str]:
+    """The first CPU's fields in /proc/cpuinfo ("model name", "flags", ...); empty where it is
+    unreadable."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return frozenset()
-    line = next((x for x in text.splitlines() if x.startswith("flags")), "")
-    return frozenset(line.partition(":")[2].split())
+        return {}
+    first = text.split("\n\n", 1)[0]
+    return {k.strip(): v.strip() for k, _, v in (x.partition(":") for x in first.splitlines())}
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux names them (empty where /proc/cpuinfo is unreadable)."""
+    return frozenset(cpu_info().get("flags", "").split())
 
 
 def native_bf16() -> bool:

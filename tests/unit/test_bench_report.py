@@ -6,6 +6,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import pytest
 from bench.corpus import corpus, kind
 from bench.report import Result, Suite, append_history, history_rows, targets, widen
 from bench.rerank import PER_QUERY, rerank_queries
@@ -246,3 +247,23 @@ def test_a_share_is_of_the_ceiling_measured_around_its_own_loads() -> None:
             }
         )[0]
     )
+
+
+def test_the_machine_line_names_the_cpu_and_its_vector_units(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import bench.run as run
+
+    zen3 = {"model name": "AMD EPYC", "cpu family": "25", "model": "1"}
+    monkeypatch.setattr(run, "cpu_info", lambda: zen3)
+    monkeypatch.setattr(run, "cpu_flags", lambda: frozenset({"fma", "avx2"}))
+    assert run.cpu_name() == "AMD EPYC (family 25, model 1), AVX2"
+    zen4 = {"model name": "AMD EPYC 9R14", "cpu family": "25", "model": "17"}
+    monkeypatch.setattr(run, "cpu_info", lambda: zen4)
+    avx512 = {"avx2", "avx512f", "avx512_bf16", "avx512_vnni"}
+    monkeypatch.setattr(run, "cpu_flags", lambda: frozenset(avx512))
+    assert run.cpu_name() == "AMD EPYC 9R14 (family 25, model 17), AVX-512 + BF16 + VNNI"
+    # Where /proc/cpuinfo is unreadable the line still says what it can.
+    monkeypatch.setattr(run, "cpu_info", dict)
+    monkeypatch.setattr(run, "cpu_flags", frozenset)
+    assert run.cpu_name().endswith(", no AVX2")

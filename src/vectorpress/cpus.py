@@ -13,8 +13,9 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 SELF_CGROUP = Path("/proc/self/cgroup")
@@ -109,16 +110,20 @@ def _ratio(quota: str, period: str) -> float | None:
     return q / p
 
 
-@functools.cache
-def cpu_info() -> dict[str, str]:
-    """The first CPU's fields in /proc/cpuinfo ("model name", "flags", ...); empty where it is
-    unreadable."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return {}
-    first = text.split("\n\n", 1)[0]
+def first_cpu(cpuinfo: str) -> dict[str, str]:
+    """The first CPU's fields ("model name", "flags", ...) of a /proc/cpuinfo text."""
+    first = cpuinfo.split("\n\n", 1)[0]
     return {k.strip(): v.strip() for k, _, v in (x.partition(":") for x in first.splitlines())}
+
+
+@functools.cache
+def cpu_info() -> Mapping[str, str]:
+    """This machine's `first_cpu` fields; empty where /proc/cpuinfo is unreadable. Read-only:
+    every caller shares the one cached value."""
+    try:
+        return MappingProxyType(first_cpu(Path("/proc/cpuinfo").read_text()))
+    except OSError:
+        return MappingProxyType({})
 
 
 @functools.cache

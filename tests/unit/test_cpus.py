@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.helpers.process import free_port
-from vectorpress.cpus import available_cpus, cgroup_cpu_limit
+from vectorpress.cpus import available_cpus, cgroup_cpu_limit, first_cpu
 
 
 def _tree(tmp_path: Path, self_cgroup: str, files: dict[str, str]) -> tuple[Path, Path]:
@@ -119,3 +119,16 @@ def test_a_server_started_on_one_cpu_sizes_its_threads_by_it(
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+def test_the_cpu_fields_are_the_first_cpus() -> None:
+    # Two CPUs as Linux lists them: a blank line between, tabs before each colon.
+    text = (
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\n"
+        "model name\t: AMD EPYC\nflags\t\t: fpu avx2 fma\n\n"
+        "processor\t: 1\nmodel name\t: other\nflags\t\t: fpu avx512f\n\n"
+    )
+    fields = first_cpu(text)
+    assert fields["model name"] == "AMD EPYC" and fields["cpu family"] == "25"
+    assert fields["model"] == "1" and fields["flags"].split() == ["fpu", "avx2", "fma"]
+    assert first_cpu("") == {}

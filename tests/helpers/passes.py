@@ -3,7 +3,8 @@ server and an engine) to the bit.
 
 Each start-up times its model on oneDNN and on F.linear and keeps the faster
 (`backends.torch.passes.plan_passes`); two start-ups on a busy machine can pick differently, and
-the two kernels differ in the last bits. Inside `fixed_pass_plan()` both sides run oneDNN.
+the two kernels (and the short passes' ONNX graph) differ in the last bits. Inside
+`fixed_pass_plan()` both sides run oneDNN.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ def fixed_pass_plan() -> Iterator[None]:
     from vectorpress.backends.torch import backend
     from vectorpress.backends.torch.passes import PassPlan
 
-    def plan(encoder: Any, position_offset: int) -> PassPlan:
+    def plan(encoder: Any, position_offset: int, **_: Any) -> PassPlan:
         encoder.fuse(True)
         return PassPlan(small_onednn=True, large_onednn=True)
 

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from vectorpress.backends.common.cache import build_cache
 from vectorpress.backends.common.calibration import calibration_batch
 from vectorpress.backends.common.dense import load_dense
 from vectorpress.backends.common.device import pick_device
@@ -30,6 +31,7 @@ from vectorpress.backends.torch.int8 import INT8_PASS_TOKENS, int8_ready, quanti
 from vectorpress.backends.torch.layers import onednn_supported
 from vectorpress.backends.torch.passes import CPU_PASS_TOKENS, CpuPasses, PassPlan, plan_passes
 from vectorpress.backends.torch.registry import Architecture, HeadRules, lookup
+from vectorpress.backends.torch.short_graph import ShortGraph, graph_candidate
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec
 from vectorpress.types import Batch, BatchOutput
@@ -144,6 +146,13 @@ def load_head(spec: ModelSpec) -> nn.Module:
     return head
 
 
+def short_graph_fits(spec: ModelSpec, arch: Architecture) -> bool:
+    """Whether short passes may run on the encoder's exported graph: an embedding model's
+    encoder with positions the graph computes alike (absolute or relative ones, not rotary
+    tables, which the native models extend past transformers')."""
+    return spec.kind == "embedding" and spec.llm_rerank is None and not arch.rotary
+
+
 def _threads(n: int) -> str:
     return "1 thread" if n == 1 else "all threads"
 
@@ -162,8 +171,8 @@ class TorchBackend:
         dtype: str | None = None,
         cache_dir: Path | None = None,
     ) -> None:
-        """The signature every backend shares (see `backends.base.Backend`); this one builds
-        nothing at start-up worth keeping, so `cache_dir` goes unused."""
+        """The signature every backend shares (see `backends.base.Backend`); `cache_dir` keeps
+        the encoder's exported ONNX graph, where short CPU passes may run (`short_graph.py`)."""
         if dtype == "int8" and device == "cuda":
             raise StartupError("--dtype int8 runs on the CPU only (--device cpu)")
         device = pick_device(device)
@@ -185,13 +194,18 @@ class TorchBackend:
         model = build_model(spec, arch)
         model.eval().to(device=device, dtype=torch_dtype)
         plan = PassPlan(small_onednn=False, large_onednn=False)
+        graph: ShortGraph | None = None
         if int8:
             model.encoder.fuse(False)  # F.linear until quantized below
         elif device == "cpu" and onednn_supported(torch_dtype):
-            plan = plan_passes(model.encoder, spec.position_offset)
+            if self.dtype == "float32" and short_graph_fits(spec, arch):
+                parameters = sum(p.numel() for p in model.encoder.parameters())
+                graph = graph_candidate(spec, parameters, cache_dir or build_cache())
+            plan = plan_passes(model.encoder, spec.position_offset, graph=graph)
+            short = "oneDNN" if plan.small_onednn else "F.linear"
             log.info(
                 "CPU passes, as timed here: short ones on %s with %s, larger ones on %s with %s",
-                *("oneDNN" if plan.small_onednn else "F.linear", _threads(plan.small_threads)),
+                *("ONNX Runtime" if plan.small_graph else short, _threads(plan.small_threads)),
                 *("oneDNN" if plan.large_onednn else "F.linear", _threads(0)),
             )
         else:
@@ -207,7 +221,7 @@ class TorchBackend:
             load_dense(d).eval().to(device=device, dtype=torch.float32) for d in spec.dense
         ]
         self.multi = MultiVectorHeads(spec, device)
-        self.passes = CpuPasses(INT8_PASS_TOKENS if int8 else CPU_PASS_TOKENS, plan)
+        self.passes = CpuPasses(INT8_PASS_TOKENS if int8 else CPU_PASS_TOKENS, plan, graph=graph)
         if int8:
             self._quantize()
 

@@ -98,25 +98,29 @@ def cpu_passes(seqs: PackedSequences, max_tokens: int = CPU_PASS_TOKENS) -> list
 class PassPlan:
     """How CPU passes run, for short ones (under SMALL_PASS_TOKENS) and for the rest: on oneDNN
     or on F.linear; short ones also on how many intra-op threads (0: the caller's count; larger
-    passes always take the caller's count, see plan_passes)."""
+    passes always take the caller's count, see plan_passes), or on the encoder's ONNX graph
+    (`short_graph.py`) when `small_graph`."""
 
     small_onednn: bool
     large_onednn: bool
     small_threads: int = 0
+    small_graph: bool = False
 
 
 def plan_passes(
     encoder: FusedModel,
     position_offset: int,
     *,
+    graph: Encoder | None = None,
     repeats: int = 3,
     budget: float = 0.3,
     margin: float = 0.05,
 ) -> PassPlan:
     """Time the model's own forward for a short query and for a mid-sized pass, on oneDNN and
-    on F.linear (the short query also on one thread and on all), and keep the fastest of each
-    (oneDNN must win by `margin`: it costs memory). Decided once, at start-up, so that an input
-    gives the same vector every time: the thread count can change the last bits.
+    on F.linear (the short query also on one thread and on all, and on `graph`, the encoder's
+    ONNX graph, where there is one), and keep the fastest of each (oneDNN and the graph must
+    win by `margin`: they cost memory). Decided once, at start-up, so that an input gives the
+    same vector every time: the thread count can change the last bits.
 
     Measured on 2-core AMD EPYCs: on an AVX2-only one, oneDNN on weights reordered once ran a
     16-token query about 1.3x faster than MKL's sgemm behind F.linear, larger passes no faster,
@@ -129,35 +133,43 @@ def plan_passes(
     encoder.fuse(True)
     available = torch.get_num_threads()
 
-    def timed(lengths: list[int], onednn: bool, threads: int) -> float:
+    def timed(lengths: list[int], onednn: bool, threads: int, run: Encoder | None = None) -> float:
         ids = torch.zeros(sum(lengths), dtype=torch.long)
         positions = torch.cat([torch.arange(n) for n in lengths]) + position_offset
         bounds = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
         seqs = PackedSequences(bounds, max(lengths))
+        forward = run or encoder
         times: list[float] = []
         with torch.inference_mode(), onednn_linears(onednn), num_threads(threads):
             # The first run builds kernels: not counted. A large model stops after one timed
             # run, or planning would hold its start-up for a minute.
             while len(times) < repeats + 1 and (len(times) < 2 or sum(times[1:]) < budget):
                 started = time.perf_counter()
-                encoder(ids, ids, positions, seqs)
+                forward(ids, ids, positions, seqs)
                 times.append(time.perf_counter() - started)
         return min(times[1:])
 
-    def pick(lengths: list[int], try_one_thread: bool) -> tuple[bool, int]:
+    def pick(lengths: list[int], try_one_thread: bool) -> tuple[bool, int, float]:
         on_onednn = timed(lengths, True, available)
         on_f_linear = timed(lengths, False, available)
         onednn = on_onednn < (1 - margin) * on_f_linear
         best = on_onednn if onednn else on_f_linear
-        if try_one_thread and available > 1 and timed(lengths, onednn, 1) < best:
-            return onednn, 1
-        return onednn, 0
+        if try_one_thread and available > 1:
+            one = timed(lengths, onednn, 1)
+            if one < best:
+                return onednn, 1, one
+        return onednn, 0, best
 
-    small_onednn, small_threads = pick([16], try_one_thread=True)
+    small_onednn, small_threads, small_best = pick([16], try_one_thread=True)
+    # The graph's own threads are ONNX Runtime's; torch's one keeps the ops around it (pooling)
+    # from waking a second OpenMP thread that would spin on a core the graph's threads need.
+    small_graph = graph is not None and timed([16], False, 1, graph) < (1 - margin) * small_best
     # Larger passes keep every thread: they split well, and a start-up that met other work on
     # the cores timed one thread faster and would have halved the throughput for good (seen
     # with bfloat16 while a test suite ran beside it).
-    large_onednn, _ = pick([64] * 4, try_one_thread=False)
+    large_onednn, _, _ = pick([64] * 4, try_one_thread=False)
+    if small_graph:
+        return PassPlan(False, large_onednn, 1, small_graph=True)
     return PassPlan(small_onednn, large_onednn, small_threads)
 
 
@@ -169,9 +181,12 @@ class CpuPasses:
         max_tokens: int = CPU_PASS_TOKENS,
         plan: PassPlan = PassPlan(True, True),
         longest_first: bool = True,
+        graph: Encoder | None = None,
     ) -> None:
         self.max_tokens = max_tokens
         self.plan = plan
+        # Where the plan runs short passes on the encoder's ONNX graph (`short_graph.py`).
+        self.graph = graph if plan.small_graph else None
         # Sort a batch's sequences by length before cutting it (see
         # PackedSequences.longest_first); False runs them in arrival order (the reference).
         self.longest_first = longest_first
@@ -240,6 +255,9 @@ class CpuPasses:
     ) -> torch.Tensor:
         tokens = seqs.total
         small = tokens < SMALL_PASS_TOKENS
+        # A ColBERT query holds keys out of attention, which the graph's mask cannot say here.
+        if small and self.graph is not None and seqs.key_lengths is None:
+            return self.graph(input_ids, token_type_ids, position_ids, seqs)
         plan = self.plan
         onednn = plan.small_onednn if small else plan.large_onednn
         # Only oneDNN keeps something per shape.

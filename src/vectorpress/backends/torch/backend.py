@@ -149,8 +149,15 @@ def load_head(spec: ModelSpec) -> nn.Module:
 def short_graph_fits(spec: ModelSpec, arch: Architecture) -> bool:
     """Whether short passes may run on the encoder's exported graph: an embedding model's
     encoder with positions the graph computes alike (absolute or relative ones, not rotary
-    tables, which the native models extend past transformers')."""
-    return spec.kind == "embedding" and spec.llm_rerank is None and not arch.rotary
+    tables, which the native models extend past transformers'), pooled: multi-vector models
+    serve every token's values, where the graph's last bits show unaveraged (a ColBERT
+    document's token values came 1.3e-4 from PyLate's, relatively, on the graph)."""
+    return (
+        spec.kind == "embedding"
+        and spec.llm_rerank is None
+        and not spec.has_multi_vector
+        and not arch.rotary
+    )
 
 
 def _threads(n: int) -> str:

@@ -123,6 +123,18 @@ def int8_graph(graph: Path, spec: ModelSpec, cache_dir: Path) -> Path:
     return int8
 
 
+def session_options() -> Any:
+    """ONNX Runtime's options for every graph served here: all graph optimizations, one
+    intra-op thread per CPU the process may use, no inter-op pool."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = available_cpus()
+    options.inter_op_num_threads = 1
+    return options
+
+
 class OnnxBackend:
     """Runs an ONNX encoder graph (fp32 or quantized) through ONNX Runtime."""
 
@@ -162,10 +174,7 @@ class OnnxBackend:
         check_expansion_window(spec)
         self.path = onnx_graph(spec, cache_dir)
         self.dtype = "float32"
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.intra_op_num_threads = available_cpus()
-        options.inter_op_num_threads = 1
+        options = session_options()
         providers = ["CPUExecutionProvider"]
         self.device = "cpu"
         if device == "cuda" or (

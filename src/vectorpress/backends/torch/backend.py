@@ -31,7 +31,7 @@ from vectorpress.backends.torch.int8 import INT8_PASS_TOKENS, int8_ready, quanti
 from vectorpress.backends.torch.layers import onednn_supported
 from vectorpress.backends.torch.passes import CPU_PASS_TOKENS, CpuPasses, PassPlan, plan_passes
 from vectorpress.backends.torch.registry import Architecture, HeadRules, lookup
-from vectorpress.backends.torch.short_graph import ShortGraph, graph_candidate
+from vectorpress.backends.torch.short_graph import ShortGraph, graph_candidate, short_graph_fits
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec
 from vectorpress.types import Batch, BatchOutput
@@ -144,20 +144,6 @@ def load_head(spec: ModelSpec) -> nn.Module:
     own = {k.removeprefix("head."): v for k, v in state.items() if k.startswith("head.")}
     strict_load(head, own, what=f"the head of {spec.architecture} from {spec.path}")
     return head
-
-
-def short_graph_fits(spec: ModelSpec, arch: Architecture) -> bool:
-    """Whether short passes may run on the encoder's exported graph: an embedding model's
-    encoder with positions the graph computes alike (absolute or relative ones, not rotary
-    tables, which the native models extend past transformers'), pooled: multi-vector models
-    serve every token's values, where the graph's last bits show unaveraged (a ColBERT
-    document's token values came 1.3e-4 from PyLate's, relatively, on the graph)."""
-    return (
-        spec.kind == "embedding"
-        and spec.llm_rerank is None
-        and not spec.has_multi_vector
-        and not arch.rotary
-    )
 
 
 def _threads(n: int) -> str:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from vectorpress.backends.common.sequences import PackedSequences
-from vectorpress.cpus import available_cpus
+from vectorpress.backends.torch.registry import Architecture
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec
 
@@ -74,6 +74,20 @@ class ShortGraph:
         return torch.from_numpy(out.reshape(-1, out.shape[-1])[places])
 
 
+def short_graph_fits(spec: ModelSpec, arch: Architecture) -> bool:
+    """Whether short passes may run on the encoder's exported graph: an embedding model's
+    encoder with positions the graph computes alike (absolute or relative ones, not rotary
+    tables, which the native models extend past transformers'), pooled: multi-vector models
+    serve every token's values, where the graph's last bits show unaveraged (a ColBERT
+    document's token values came 1.3e-4 from PyLate's, relatively, on the graph)."""
+    return (
+        spec.kind == "embedding"
+        and spec.llm_rerank is None
+        and not spec.has_multi_vector
+        and not arch.rotary
+    )
+
+
 def graph_candidate(spec: ModelSpec, parameters: int, cache_dir: Path) -> ShortGraph | None:
     """The exported graph of `spec`'s encoder for short passes, or None (logged) where it
     cannot be had: no onnxruntime, too large a model, an export that fails."""
@@ -82,17 +96,16 @@ def graph_candidate(spec: ModelSpec, parameters: int, cache_dir: Path) -> ShortG
     try:
         import onnxruntime as ort
 
+        from vectorpress.backends.onnx.backend import session_options
         from vectorpress.backends.onnx.export import cached_graph
     except ImportError:
         log.info("short passes stay native: onnxruntime and onnx are not installed")
         return None
     try:
         path = cached_graph(spec.path, "embedding", cache_dir)
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.intra_op_num_threads = available_cpus()
-        options.inter_op_num_threads = 1
-        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(
+            str(path), session_options(), providers=["CPUExecutionProvider"]
+        )
     except StartupError as exc:
         log.warning("short passes stay native: %s", exc)
         return None

@@ -1,15 +1,43 @@
 from __future__ import annotations
 
+import ast
+import atexit
 import os
+import shutil
+import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The graphs the suite exports from its tiny checkpoints go to a cache of this run, not the
+# user's: set before anything imports huggingface_hub, which reads it once.
+if "HF_HUB_CACHE" not in os.environ:
+    _hub_cache = tempfile.mkdtemp(prefix="vectorpress-tests-hub-")
+    os.environ["HF_HUB_CACHE"] = _hub_cache
+    atexit.register(shutil.rmtree, _hub_cache, True)
 
-from tests.helpers.checkpoints import make_bert_family, minilm_path
+# Python 3.11.7's AST constructor keeps its recursion depth in interpreter-wide state, so two
+# threads inside ast.parse at once can fail one with "AST constructor recursion depth
+# mismatch" (CPython gh-106905). pytest parses each plugin-package module (anyio, schemathesis)
+# on its first import to rewrite its asserts, and a test's lazy import on the main thread can
+# meet one in a live server's thread; parsing one at a time costs nothing measurable.
+_parse_lock = threading.RLock()
+_parse = ast.parse
+
+
+def _serial_parse(*args: Any, **kwargs: Any) -> Any:
+    with _parse_lock:
+        return _parse(*args, **kwargs)
+
+
+ast.parse = _serial_parse
+
+from tests.helpers.checkpoints import make_bert_family, minilm_path  # noqa: E402
 
 
 @pytest.fixture(scope="session")

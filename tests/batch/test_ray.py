@@ -20,7 +20,7 @@ import pytest
 
 from tests.batch.corpus import BAD, read_output, rows, write_parquet
 from tests.helpers.process import free_port
-from tests.helpers.ray_cluster import AUTH_ENV, LOOPBACK_ENV, RayCluster
+from tests.helpers.ray_cluster import AUTH_ENV, LOOPBACK_ENV, USAGE_ENV, RayCluster
 from vectorpress.engine import Engine
 from vectorpress.jobs.inputs import Columns
 from vectorpress.jobs.local import run_local
@@ -36,7 +36,7 @@ SHARD = 250
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RayCluster]:
     """One CPU per node, so that two one-CPU actors must take one node each."""
-    driver_env = {**LOOPBACK_ENV, **AUTH_ENV}
+    driver_env = {**LOOPBACK_ENV, **AUTH_ENV, **USAGE_ENV}
     saved = {k: os.environ.get(k) for k in driver_env}
     os.environ.update(driver_env)  # this process is a driver too
     with RayCluster(head_cpus=1, worker_cpus=1) as c:

@@ -34,6 +34,9 @@ LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 #: No token authentication (a loopback cluster of one test), whatever ~/.ray holds: a token
 #: left there by another Ray session would otherwise be sent to some nodes and not others.
 AUTH_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN_PATH": "/nonexistent/vectorpress"}
+#: No usage reports: without it a driver's Ray Data runs leave threads behind that query a
+#: Prometheus on localhost:9090 for their report, in the test process, after the tests.
+USAGE_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}
 
 
 def ray_env(head: bool = True) -> dict[str, str]:
@@ -43,7 +46,7 @@ def ray_env(head: bool = True) -> dict[str, str]:
     starts without it, through tests/helpers/ray_node.py, which keeps its 127.0.0.1 as well.
     """
     env = dict(os.environ)
-    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    env.update(USAGE_ENV)
     env["RAY_DEDUP_LOGS"] = "0"
     env.update(AUTH_ENV)
     if head:

@@ -5,7 +5,9 @@
 
 Measures, in this order and in one run so that the ratios share the machine's state:
 the machine's fp32 and bf16 GEMM throughput (oneDNN, on each model's own FFN shape: its
-ceiling); the bare forward pass of one short query in-process; then, for each model,
+ceiling); the bare forward pass of one short query in-process; where the torch pass's time goes
+in-process, per dtype (bench/breakdown.py: GEMMs, attention, the rest, and so the most int8 can
+reach over bf16 on this CPU); then, for each model,
 sentence-transformers `encode(batch_size=32)` in-process and each server over HTTP under the same
 client load: one-text requests at rising concurrency (1 ... 64 in flight), 32-text requests with
 4 in flight, and one short query alone.
@@ -67,6 +69,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import rerank  # noqa: E402
+from bench.breakdown import pass_profile  # noqa: E402
 from bench.client import (  # noqa: E402
     BlockingConnection,
     Connection,
@@ -107,6 +110,8 @@ def log(msg: str) -> None:
 # ---------------------------------------------------------------- machine ceiling
 
 _GEMM: dict[tuple[str, int, int], float | None] = {}
+#: Corpus texts of the in-process pass profile (bench/breakdown.py): about 55,000 tokens.
+PROFILE_TEXTS = 600
 #: Seconds of GEMM timed per dtype before and after each method: the best of about 80 runs.
 AROUND_SECONDS = 0.75
 
@@ -777,6 +782,16 @@ def main() -> None:
             f" ceiling {work.ceiling}")  # fmt: skip
     meta["bare_forward_ms"] = bare_forward_ms(model)
     log(f"bare forward of the short query: {meta['bare_forward_ms']:.2f} ms")
+    meta["profile"] = [
+        pass_profile(model, main_suite.texts[:PROFILE_TEXTS], dtype, max_length(model))
+        for dtype in ("float32", "bfloat16")
+        if main_suite.ceiling["fp32_gflops" if dtype == "float32" else "bf16_gflops"]
+    ]
+    for prof in meta["profile"]:
+        log(
+            f"in-process pass, {prof['dtype']}: {prof['tokens_per_s']:.0f} tok/s, GEMM "
+            f"{prof['gemm']:.0%}, attention {prof['attention']:.0%}, other {prof['other']:.0%}"
+        )
 
     chosen = methods(args, bool(main_suite.ceiling["bf16_gflops"]))
     rounds: list[list[list[Result]]] = []

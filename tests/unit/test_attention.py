@@ -165,3 +165,35 @@ def test_sequences_sorted_longest_first_attend_as_one_view_per_length() -> None:
     q, k, v = (torch.randn(sum(lengths), 4, 8)[tokens] for _ in range(3))
     fast = packed_attention(q, k, v, seqs)
     torch.testing.assert_close(fast, reference_attention(q, k, v, seqs), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("held_out_keys", [False, True])
+def test_a_score_bias_runs_on_the_fused_kernel(held_out_keys: bool) -> None:
+    """MPNet's relative position bias, with and without held-out keys: the same attention as the
+    reference, on the CPU's flash kernel (a mask it does not take falls back to the unfused
+    math kernel, which allowing only flash makes an error)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(0)
+    lengths = [5, 3, 5, 8]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    keys = [4, 3, 5, 6] if held_out_keys else None
+    seqs = PackedSequences(cu, 8, key_lengths=keys)
+    q, k, v = (torch.randn(sum(lengths), 4, 8) for _ in range(3))
+    table = torch.randn(4, 15)
+
+    def bias(length: int) -> torch.Tensor:
+        pos = torch.arange(length)
+        return table[:, (pos.unsqueeze(0) - pos.unsqueeze(1)) + 7]
+
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        fast = packed_attention(q, k, v, seqs, bias=bias)
+    # One explicit softmax per sequence, on its first key_lengths[i] keys only.
+    slow = torch.empty_like(q)
+    for i, (s, n) in enumerate(zip(seqs.starts, seqs.lengths, strict=True)):
+        qs, ks, vs = (t[s : s + n].transpose(0, 1) for t in (q, k, v))
+        scores = qs @ ks.transpose(1, 2) * 8**-0.5 + bias(n)
+        if keys is not None:
+            scores[..., keys[i] :] = float("-inf")
+        slow[s : s + n] = (scores.softmax(-1) @ vs).transpose(0, 1)
+    torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)

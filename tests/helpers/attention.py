@@ -35,10 +35,12 @@ def reference_attention(
     bias: Callable[[int], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Packed `(total_tokens, heads, head_dim)` inputs, one sequence at a time, in float32;
-    k and v heads repeated for grouped-query attention."""
+    k and v heads repeated for grouped-query attention; a sequence with a key length attends to
+    its first `key_lengths[i]` tokens only."""
     rep = q.shape[1] // k.shape[1]
     out = torch.empty_like(q)
-    for s, n in zip(seqs.starts, seqs.lengths, strict=True):
+    key_lengths = seqs.lengths if seqs.key_lengths is None else seqs.key_lengths
+    for s, n, keys in zip(seqs.starts, seqs.lengths, key_lengths, strict=True):
         qs = q[s : s + n].float().transpose(0, 1)
         ks = k[s : s + n].float().transpose(0, 1).repeat_interleave(rep, 0)
         vs = v[s : s + n].float().transpose(0, 1).repeat_interleave(rep, 0)
@@ -46,6 +48,7 @@ def reference_attention(
         if bias is not None:
             scores = scores + bias(n).float()
         mask = allowed(n, causal, window).to(q.device)
+        mask[:, keys:] = False
         scores = scores.masked_fill(~mask, float("-inf"))
         out[s : s + n] = (scores.softmax(-1) @ vs).transpose(0, 1).to(q.dtype)
     return out

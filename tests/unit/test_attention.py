@@ -188,12 +188,5 @@ def test_a_score_bias_runs_on_the_fused_kernel(held_out_keys: bool) -> None:
 
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
         fast = packed_attention(q, k, v, seqs, bias=bias)
-    # One explicit softmax per sequence, on its first key_lengths[i] keys only.
-    slow = torch.empty_like(q)
-    for i, (s, n) in enumerate(zip(seqs.starts, seqs.lengths, strict=True)):
-        qs, ks, vs = (t[s : s + n].transpose(0, 1) for t in (q, k, v))
-        scores = qs @ ks.transpose(1, 2) * 8**-0.5 + bias(n)
-        if keys is not None:
-            scores[..., keys[i] :] = float("-inf")
-        slow[s : s + n] = (scores.softmax(-1) @ vs).transpose(0, 1)
+    slow = reference_attention(q, k, v, seqs, bias=bias)
     torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)

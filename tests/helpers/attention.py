@@ -32,7 +32,7 @@ def reference_attention(
     causal: bool = False,
     window: int | None = None,
     scale: float | None = None,
-    bias: Callable[[int], torch.Tensor] | None = None,
+    bias: Callable[[int, torch.dtype], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Packed `(total_tokens, heads, head_dim)` inputs, one sequence at a time, in float32;
     k and v heads repeated for grouped-query attention; a sequence with a key length attends to
@@ -46,7 +46,7 @@ def reference_attention(
         vs = v[s : s + n].float().transpose(0, 1).repeat_interleave(rep, 0)
         scores = qs @ ks.transpose(1, 2) * (scale if scale is not None else qs.shape[-1] ** -0.5)
         if bias is not None:
-            scores = scores + bias(n).float()
+            scores = scores + bias(n, torch.float32)
         mask = allowed(n, causal, window).to(q.device)
         mask[:, keys:] = False
         scores = scores.masked_fill(~mask, float("-inf"))

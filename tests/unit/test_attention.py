@@ -181,12 +181,21 @@ def test_a_score_bias_runs_on_the_fused_kernel(held_out_keys: bool) -> None:
     seqs = PackedSequences(cu, 8, key_lengths=keys)
     q, k, v = (torch.randn(sum(lengths), 4, 8) for _ in range(3))
     table = torch.randn(4, 15)
+    asked: set[torch.dtype] = set()
 
-    def bias(length: int) -> torch.Tensor:
+    def bias(length: int, dtype: torch.dtype) -> torch.Tensor:
+        asked.add(dtype)
         pos = torch.arange(length)
-        return table[:, (pos.unsqueeze(0) - pos.unsqueeze(1)) + 7]
+        return table[:, (pos.unsqueeze(0) - pos.unsqueeze(1)) + 7].to(dtype)
 
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
         fast = packed_attention(q, k, v, seqs, bias=bias)
     slow = reference_attention(q, k, v, seqs, bias=bias)
     torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+    # A bfloat16 model's biased attention runs in float32 on the CPU, and asks for the bias so
+    # (the model keeps it per length and dtype for every layer): no bfloat16 copy is made.
+    asked.clear()
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        half = packed_attention(*(t.bfloat16() for t in (q, k, v)), seqs, bias=bias)
+    assert asked == {torch.float32} and half.dtype == torch.bfloat16
+    torch.testing.assert_close(half.float(), slow, atol=2e-2, rtol=2e-2)

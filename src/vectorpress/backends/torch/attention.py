@@ -29,9 +29,15 @@ def _mask(
     return mask
 
 
+ScoreBias = Callable[[int, torch.dtype], torch.Tensor]
+"""`bias(L, dtype)`: an additive `(heads, L, L)` score bias for sequences of length L, in `dtype`
+(the model's, or float32 where attention widens it); the model keeps one per length and dtype for
+all its layers, so that no layer casts it again."""
+
+
 def _with_bias(
     mask: torch.Tensor | None,
-    bias: Callable[[int], torch.Tensor] | None,
+    bias: ScoreBias | None,
     length: int,
     causal: bool,
     dtype: torch.dtype,
@@ -42,7 +48,7 @@ def _with_bias(
     its time in bfloat16 there, against the flash kernel's 1.2-1.6x faster calls)."""
     if bias is None:
         return mask
-    add = bias(length).to(dtype).unsqueeze(0)
+    add = bias(length, dtype).unsqueeze(0)
     if mask is None and causal:
         mask = torch.ones(length, length, dtype=torch.bool, device=add.device).tril()
     if mask is not None:
@@ -72,13 +78,13 @@ def packed_attention(
     causal: bool = False,
     window: int | None = None,
     scale: float | None = None,
-    bias: Callable[[int], torch.Tensor] | None = None,
+    bias: ScoreBias | None = None,
 ) -> torch.Tensor:
     """Attention within each sequence; q, k, v and the result are (total_tokens, heads, dim).
 
     k and v may have fewer heads than q (grouped-query attention); `window` is a symmetric
-    local window (ModernBERT's) measured in tokens, half on each side. `bias(L)` gives an
-    additive `(heads, L, L)` score bias for sequences of length L (MPNet's relative positions).
+    local window (ModernBERT's) measured in tokens, half on each side. `bias` gives an additive
+    score bias per sequence length (MPNet's relative positions; see `ScoreBias`).
     """
     n_heads, kv_heads = q.shape[1], k.shape[1]
     gqa = n_heads != kv_heads
@@ -129,11 +135,12 @@ def packed_attention(
 
 
 def _out_rows(out: torch.Tensor, group: LengthGroup, rows: torch.Tensor) -> None:
-    """Write a group's attention output back to its sequences' token rows."""
+    """Write a group's attention output back to its sequences' token rows (in `out`'s dtype:
+    a widened attention's float32 rows go back to bfloat16, which an index put will not cast)."""
     if group.index is None:
         out[group.start : group.start + group.count * group.length] = rows
     else:
-        out[group.index] = rows
+        out[group.index] = rows.to(out.dtype)
 
 
 def banded_from(window: int) -> int:

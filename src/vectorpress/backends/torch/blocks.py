@@ -10,7 +10,6 @@ F.linear: the portable path, and the reference the oneDNN path is tested against
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -20,7 +19,7 @@ from torch import nn
 from vectorpress.backends import preemption
 from vectorpress.backends.common.activations import Activation, activation
 from vectorpress.backends.common.sequences import PackedSequences
-from vectorpress.backends.torch.attention import packed_attention
+from vectorpress.backends.torch.attention import ScoreBias, packed_attention
 from vectorpress.backends.torch.layers import FusedLinear
 from vectorpress.backends.torch.rotary import RMSNorm, rotate
 
@@ -104,7 +103,7 @@ class FusedPostNormLayer:
         seqs: PackedSequences,
         attn_norm: nn.Module,
         ffn_norm: nn.Module,
-        bias: Callable[[int], torch.Tensor] | None = None,
+        bias: ScoreBias | None = None,
     ) -> torch.Tensor:
         total, hidden = x.shape
         qkv = self.qkv(x).view(total, 3, self.heads, hidden // self.heads)

@@ -118,14 +118,18 @@ class MPNetModel(FusedModel):
     ) -> torch.Tensor:
         x = self.embeddings(input_ids, position_ids)
         table = self.encoder.relative_attention_bias
-        cache: dict[int, torch.Tensor] = {}
+        cache: dict[tuple[int, torch.dtype], torch.Tensor] = {}
 
-        def bias(length: int) -> torch.Tensor:
-            # One (heads, L, L) bias per distinct length, shared by every layer of the batch.
-            if length not in cache:
-                buckets = relative_buckets(length, x.device)
-                cache[length] = table(buckets).permute(2, 0, 1)
-            return cache[length]
+        def bias(length: int, dtype: torch.dtype) -> torch.Tensor:
+            # One (heads, L, L) bias per distinct length and dtype, shared by every layer of the
+            # batch: a bfloat16 model's attention asks for float32 on the CPU (attention.py).
+            if (length, dtype) not in cache:
+                native = cache.get((length, table.weight.dtype))
+                if native is None:
+                    native = table(relative_buckets(length, x.device)).permute(2, 0, 1)
+                    cache[(length, table.weight.dtype)] = native
+                cache[(length, dtype)] = native.to(dtype)
+            return cache[(length, dtype)]
 
         for layer in self.encoder.layer:
             x = layer(x, seqs, bias)

@@ -152,6 +152,19 @@ def test_targets_take_the_fastest_backend_of_each_dtype_and_name_it() -> None:
     assert short["figure"] == "2.00 ms" and "[vectorpress openvino fp32]" in str(short["what"])
 
 
+def test_the_best_backend_is_chosen_by_its_shares_of_its_own_ceiling() -> None:
+    # More tokens/s on both loads, in a faster stretch of the run: 73% / 66% of its 11,000.
+    fast_hour = served("vectorpress openvino fp32", 8_000, 7_300)
+    fast_hour.gflops = {"fp32": 110.0}
+    steady = served("vectorpress fp32", 7_900, 7_200)  # 79% / 72% of 10,000
+    tied = served("vectorpress onnx fp32", 7_200, 7_200)  # 72% / 72%: the same weaker load
+    for order in ((fast_hour, steady, tied), (tied, steady, fast_hour)):
+        rows = targets([suite(*order)], None)
+        fp32 = next(r for r in rows if str(r["what"]).startswith("fp32 over HTTP"))
+        assert "[vectorpress fp32]" in str(fp32["what"]), fp32
+        assert fp32["figure"] == "79% / 72%"
+
+
 def test_attention_flops_follow_each_token_s_own_text_length() -> None:
     from bench.run import attended_length, flops_per_token
 

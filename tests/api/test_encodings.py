@@ -104,7 +104,7 @@ def recall_at_10(
 @pytest.mark.slow
 def test_binary_hamming_recall_at_10(server: LiveServer) -> None:
     # The benchmark corpus's first 500 texts, each cut to its first 40 words so that the test
-    # takes seconds (bench/encodings.py reports the same on whole texts).
+    # takes seconds (bench/encoding_sizes.py reports the same on whole texts).
     texts = [" ".join(t.split()[:40]) for t in corpus(500)]
     vectors, codes = [], []
     for start in range(0, len(texts), 32):

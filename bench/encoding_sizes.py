@@ -1,6 +1,6 @@
 """Response bytes and serialization time of each embedding encoding.
 
-    .venv/bin/python bench/encodings.py        # a few seconds; writes bench/results/encodings.md
+    .venv/bin/python bench/encoding_sizes.py   # a few seconds; writes bench/results/encodings.md
 
 For 32 vectors of 384 and of 1,024 dimensions (unit-norm, seeded), each encoding goes through
 the same code the routes run: `api/encodings.py` from the float32 matrix the pipeline returns,
@@ -106,7 +106,7 @@ def main() -> None:
         "# Embedding encodings: response bytes and serialization time",
         "",
         f"{ROWS} vectors per response; time = encode + orjson of OpenAI's response shape, median "
-        f"of {REPEATS} runs (indicative: shared machine). Written by bench/encodings.py.",
+        f"of {REPEATS} runs (indicative: shared machine). Written by bench/encoding_sizes.py.",
         "",
         "| encoding | dims | bytes | vs float JSON | serialize (us) |",
         "|---|---|---|---|---|",

@@ -121,6 +121,14 @@ def find(results: list[Result], name: str) -> Result | None:
     return next((r for r in results if r.name == name and r.load), None)
 
 
+def load_shares(
+    ceiling: dict[str, Any], r: Result | None, dtype: str, loads: tuple[str, ...]
+) -> list[float]:
+    """`r`'s figure on each of `loads` as a share of its own `dtype` ceiling (`own_ceiling`)."""
+    limit = tokens_ceiling(own_ceiling(ceiling, r), dtype)
+    return [figure(r, k) / limit for k in loads]
+
+
 def fastest(
     results: list[Result], dtype: str, loads: tuple[str, ...], ceiling: dict[str, Any]
 ) -> Result | None:
@@ -136,11 +144,10 @@ def fastest(
         if own_dtype(r.name) == dtype
     ]
 
-    def shares(r: Result) -> list[float]:
-        limit = tokens_ceiling(own_ceiling(ceiling, r), dtype)
-        return sorted(v if v == v else -math.inf for v in (figure(r, k) / limit for k in loads))
+    def ranked(r: Result) -> list[float]:
+        return sorted(v if v == v else -math.inf for v in load_shares(ceiling, r, dtype, loads))
 
-    return max(found, key=shares, default=None)
+    return max(found, key=ranked, default=None)
 
 
 def fmt(v: float, spec: str = ",.0f", suffix: str = "") -> str:
@@ -195,8 +202,7 @@ def targets(
         return f" [{r.name}]" if r else ""
 
     def shares(suite: Suite, r: Result | None, dtype: str) -> list[float]:
-        limit = tokens_ceiling(own_ceiling(suite.ceiling, r), dtype)
-        return [figure(r, k) / limit for k in ("32x4", f"1x{max(suite.sweep)}")]
+        return load_shares(suite.ceiling, r, dtype, ("32x4", f"1x{max(suite.sweep)}"))
 
     s = shares(main, fp32, "fp32")
     row(f"fp32 over HTTP, share of the fp32 ceiling (32x4 / {top}){named(fp32)}", pair(*s, ".0%"),

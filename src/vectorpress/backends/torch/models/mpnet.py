@@ -124,11 +124,8 @@ class MPNetModel(FusedModel):
             # One (heads, L, L) bias per distinct length and dtype, shared by every layer of the
             # batch: a bfloat16 model's attention asks for float32 on the CPU (attention.py).
             if (length, dtype) not in cache:
-                native = cache.get((length, table.weight.dtype))
-                if native is None:
-                    native = table(relative_buckets(length, x.device)).permute(2, 0, 1)
-                    cache[(length, table.weight.dtype)] = native
-                cache[(length, dtype)] = native.to(dtype)
+                buckets = relative_buckets(length, x.device)
+                cache[(length, dtype)] = table(buckets).permute(2, 0, 1).to(dtype)
             return cache[(length, dtype)]
 
         for layer in self.encoder.layer:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import functools
 import math
 import os
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
@@ -140,3 +142,45 @@ def native_bf16() -> bool:
 def native_int8_dot() -> bool:
     """Whether this CPU has int8 dot-product instructions (VNNI in AVX-512 or AVX, or AMX)."""
     return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & cpu_flags())
+
+
+PROC_STAT = Path("/proc/stat")
+SELF_STAT = Path("/proc/self/stat")
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """Busy time of this process's CPUs (every process's) and of this process, at one moment."""
+
+    when: float
+    cpus: int
+    busy: int
+    """Clock ticks the CPUs in this process's affinity mask spent on any process's work."""
+    own: int
+    """Clock ticks this process's threads have run."""
+
+    @classmethod
+    def now(cls, proc_stat: Path = PROC_STAT, self_stat: Path = SELF_STAT) -> CpuSample | None:
+        """A sample, or None where /proc cannot tell (not Linux)."""
+        try:
+            mine = os.sched_getaffinity(0)
+            busy = 0
+            for line in proc_stat.read_text().splitlines():
+                name, *fields = line.split()
+                if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in mine:
+                    # user, nice, system, idle, iowait, irq, softirq: steal is the
+                    # hypervisor's, which no wait here gives back.
+                    user, nice, system, _, _, irq, softirq = (int(f) for f in fields[:7])
+                    busy += user + nice + system + irq + softirq
+            stat = self_stat.read_text()
+            fields = stat[stat.rindex(")") + 2 :].split()
+            own = int(fields[11]) + int(fields[12])  # utime, stime
+        except (AttributeError, OSError, ValueError, IndexError):
+            return None
+        return cls(time.monotonic(), len(mine), busy, own)
+
+    def others_since(self, before: CpuSample) -> float:
+        """The share of this process's CPUs' time that other processes took since `before`."""
+        ticks = (self.when - before.when) * os.sysconf("SC_CLK_TCK") * self.cpus
+        others = (self.busy - before.busy) - (self.own - before.own)
+        return max(0.0, others / ticks) if ticks > 0 else 0.0

@@ -1,4 +1,5 @@
-"""Thread defaults follow the CPUs the process may use: affinity and the cgroup CPU quota."""
+"""Thread defaults follow the CPUs the process may use: affinity and the cgroup CPU quota; and
+how busy other processes keep those CPUs."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import httpx
 import pytest
 
 from tests.helpers.process import free_port
-from vectorpress.cpus import available_cpus, cgroup_cpu_limit, first_cpu
+from vectorpress.cpus import CpuSample, available_cpus, cgroup_cpu_limit, first_cpu
 
 
 def _tree(tmp_path: Path, self_cgroup: str, files: dict[str, str]) -> tuple[Path, Path]:
@@ -132,3 +133,41 @@ def test_the_cpu_fields_are_the_first_cpus() -> None:
     assert fields["model name"] == "AMD EPYC" and fields["cpu family"] == "25"
     assert fields["model"] == "1" and fields["flags"].split() == ["fpu", "avx2", "fma"]
     assert first_cpu("") == {}
+
+
+def test_other_processes_busy_time_is_read_on_this_process_cpus_only(tmp_path: Path) -> None:
+    mine = sorted(os.sched_getaffinity(0))
+    other = max(mine) + 1
+    stat = tmp_path / "stat"
+    own = tmp_path / "self-stat"
+    lines = ["cpu  1 1 1 1 1 1 1 0 0 0"]
+    # user nice system idle iowait irq softirq steal: all but idle, iowait and steal are busy.
+    lines += [f"cpu{c} 100 1 10 5000 7 2 3 999 0 0" for c in mine]
+    lines += [f"cpu{other} 100000 0 0 0 0 0 0 0 0 0", "intr 12345", "ctxt 99"]
+    stat.write_text("\n".join(lines) + "\n")
+    # The command name may hold spaces and parentheses; utime and stime are fields 14 and 15.
+    own.write_text("42 (a (b) c) R " + " ".join(["0"] * 10) + " 30 12 " + " ".join(["0"] * 30))
+    sample = CpuSample.now(stat, own)
+    assert sample is not None
+    assert (sample.cpus, sample.busy, sample.own) == (len(mine), 116 * len(mine), 42)
+    hz = os.sysconf("SC_CLK_TCK")
+    later = CpuSample(sample.when + 2.0, sample.cpus, sample.busy + hz * sample.cpus, 42 + hz // 2)
+    # Over 2 s, the CPUs were busy for one CPU-second each, this process half a second of it.
+    share = (hz * sample.cpus - hz // 2) / (2.0 * hz * sample.cpus)
+    assert later.others_since(sample) == pytest.approx(share)
+    assert CpuSample.now(tmp_path / "missing", own) is None
+
+
+def test_a_process_spinning_on_one_of_the_cpus_shows_as_others_load() -> None:
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        before = CpuSample.now()
+        time.sleep(1.0)
+        after = CpuSample.now()
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert before is not None and after is not None
+    # One of the process's CPUs' worth, nearly all of it (this process slept meanwhile).
+    assert after.others_since(before) >= 0.7 / before.cpus

@@ -29,7 +29,13 @@ from vectorpress.backends.torch.blocks import FusedModel
 from vectorpress.backends.torch.heads import ClassificationHead, MLMHead
 from vectorpress.backends.torch.int8 import INT8_PASS_TOKENS, int8_ready, quantize_linears
 from vectorpress.backends.torch.layers import onednn_supported
-from vectorpress.backends.torch.passes import CPU_PASS_TOKENS, CpuPasses, PassPlan, plan_passes
+from vectorpress.backends.torch.passes import (
+    CPU_PASS_TOKENS,
+    CpuPasses,
+    PassPlan,
+    plan_passes,
+    plan_when_quiet,
+)
 from vectorpress.backends.torch.registry import Architecture, HeadRules, lookup
 from vectorpress.backends.torch.short_graph import ShortGraph, graph_candidate, short_graph_fits
 from vectorpress.errors import StartupError
@@ -194,7 +200,8 @@ class TorchBackend:
             if self.dtype == "float32" and short_graph_fits(spec, arch):
                 parameters = sum(p.numel() for p in model.encoder.parameters())
                 graph = graph_candidate(spec, parameters, cache_dir or build_cache())
-            plan = plan_passes(model.encoder, spec.position_offset, graph=graph)
+            encoder = model.encoder
+            plan = plan_when_quiet(lambda: plan_passes(encoder, spec.position_offset, graph=graph))
             short = "oneDNN" if plan.small_onednn else "F.linear"
             log.info(
                 "CPU passes, as timed here: short ones on %s with %s, larger ones on %s with %s",

@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -108,11 +109,12 @@ def fused_graph(
 
 def fuse_graph(graph: Path, out: Path, spec: ModelSpec, tolerance: float = TOLERANCE) -> None:
     """Write `graph` with the fusions to `out`; NotFused where they do not apply or hold."""
-    from onnxruntime.transformers.optimizer import optimize_model
+    from onnxruntime.transformers import optimizer
 
+    quiet_optimizer_logs(Path(optimizer.__file__).parent)
     config = spec.config
     try:
-        model = optimize_model(
+        model = optimizer.optimize_model(
             str(graph),
             model_type="bert",
             num_heads=int(config["num_attention_heads"]),
@@ -129,6 +131,16 @@ def fuse_graph(graph: Path, out: Path, spec: ModelSpec, tolerance: float = TOLER
     if not worst <= tolerance:  # a NaN fails too
         raise NotFused(f"its hidden states differ by up to {worst:.2e} (> {tolerance:.0e})")
     log.info("fused %s (%s); largest difference %.1e", graph, fused, worst)
+
+
+def quiet_optimizer_logs(folder: Path) -> None:
+    """The optimizer's modules log every fusion at INFO under their bare module names
+    (`onnx_model`, `fusion_base`, ...): a dozen lines in the server's log at a first start, where
+    `fuse_graph` logs one. Warnings still show."""
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if path and Path(path).parent == folder:
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def largest_difference(graph: Path, fused: Path, spec: ModelSpec) -> float:

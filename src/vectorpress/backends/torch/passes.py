@@ -4,7 +4,6 @@ and the thread count that start-up timing planned for its size."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import itertools
 import logging
 import os
@@ -204,10 +203,12 @@ PLAN_LOCK_WAIT = 30.0
 @contextlib.contextmanager
 def planning_alone(path: Path = PLAN_LOCK, wait: float = PLAN_LOCK_WAIT) -> Iterator[bool]:
     """Hold the machine's planning lock (yields whether it was had: a lock file that cannot be
-    opened, or a wait past `wait` seconds, plans without it)."""
+    opened, or a wait past `wait` seconds, plans without it; so does a system without flock)."""
     try:
+        import fcntl
+
         fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
-    except OSError:
+    except (ImportError, OSError):
         yield False
         return
     try:

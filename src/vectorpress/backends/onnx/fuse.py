@@ -159,11 +159,11 @@ def largest_difference(graph: Path, fused: Path, spec: ModelSpec) -> float:
         ort.InferenceSession(str(p), session_options(), providers=["CPUExecutionProvider"])
         for p in (graph, fused)
     ]
-    names = [{i.name for i in s.get_inputs()} for s in sessions]
+    takes = [{i.name for i in s.get_inputs()} for s in sessions]
     for feed in feeds:
         want, got = (
-            np.asarray(s.run(None, {k: v for k, v in feed.items() if k in n_})[0])
-            for s, n_ in zip(sessions, names, strict=True)
+            np.asarray(session.run(None, {k: v for k, v in feed.items() if k in inputs})[0])
+            for session, inputs in zip(sessions, takes, strict=True)
         )
         if want.shape != got.shape:
             return float("inf")

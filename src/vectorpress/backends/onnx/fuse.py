@@ -34,6 +34,7 @@ import numpy as np
 
 from vectorpress.backends.common.buckets import padded_inputs
 from vectorpress.backends.common.calibration import calibration_batch
+from vectorpress.backends.onnx.export import build_once, graph_stamp, run_graph
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec
 
@@ -52,16 +53,16 @@ NOT_FUSED = "not-fused.json"
 CHECK_TEXTS = 8
 
 
-class NotFused(Exception):
-    """The optimizer fused nothing, or the fused graph's states differ from the graph's."""
+class NotFused(StartupError):
+    """The optimizer failed or fused no attention, or the fused graph's states differ from the
+    graph's: the same at every start (`build_once` passes it on as it is)."""
 
 
 def fused_key(graph: Path) -> str:
     """What a fused graph was made from: the graph file and onnxruntime's version."""
     import onnxruntime as ort
 
-    stat = graph.stat()
-    parts = [str(graph.resolve()), stat.st_size, stat.st_mtime_ns, FUSION, ort.__version__]
+    parts = [*graph_stamp(graph), FUSION, ort.__version__]
     return "fused-" + hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:20]
 
 
@@ -83,8 +84,6 @@ def fused_graph(
     cache), else `graph` itself."""
     if not fusable(spec, graph):
         return graph
-    from vectorpress.backends.onnx.export import build_once
-
     final = cache_dir / fused_key(graph)
     marker = final.with_name(final.name + "." + NOT_FUSED)
     if marker.is_file():
@@ -95,13 +94,13 @@ def fused_graph(
 
     try:
         fused = build_once(final, build, f"cannot fuse {graph}", "it is served unfused")
-    except StartupError as exc:
-        if not isinstance(exc.__cause__, NotFused):
-            log.warning("%s", exc)
-            return graph
-        log.info("%s is served unfused: %s", graph, exc.__cause__)
+    except NotFused as exc:
+        log.info("%s is served unfused: %s", graph, exc)
         with contextlib.suppress(OSError):  # a read-only cache: the next start tries again
-            marker.write_text(json.dumps({"reason": str(exc.__cause__)}))
+            marker.write_text(json.dumps({"reason": str(exc)}))
+        return graph
+    except StartupError as exc:  # a cache that cannot be written, say: tried again next start
+        log.warning("%s", exc)
         return graph
     log.info("fused onnx graph %s", fused)
     return fused
@@ -159,12 +158,8 @@ def largest_difference(graph: Path, fused: Path, spec: ModelSpec) -> float:
         ort.InferenceSession(str(p), session_options(), providers=["CPUExecutionProvider"])
         for p in (graph, fused)
     ]
-    takes = [{i.name for i in s.get_inputs()} for s in sessions]
     for feed in feeds:
-        want, got = (
-            np.asarray(session.run(None, {k: v for k, v in feed.items() if k in inputs})[0])
-            for session, inputs in zip(sessions, takes, strict=True)
-        )
+        want, got = (np.asarray(run_graph(session, None, feed)[0]) for session in sessions)
         if want.shape != got.shape:
             return float("inf")
         if want.ndim == 3:  # per token: the padded places are nobody's values

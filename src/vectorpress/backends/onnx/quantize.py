@@ -36,6 +36,7 @@ import torch
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from vectorpress.backends.common.calibration import ALPHA, WEIGHT_LEVELS, row_range, smoothing
+from vectorpress.backends.onnx.export import graph_stamp, run_graph
 from vectorpress.errors import StartupError
 
 log = logging.getLogger(__name__)
@@ -64,11 +65,7 @@ class Linear:
 def int8_key(graph: Path, calibration: Path) -> str:
     """What an int8 graph was made from: the fp32 graph (path, size, modification time; and
     those of its external data file, where it has one), the calibration texts and the recipe."""
-    stat = graph.stat()
-    parts: list[object] = [str(graph.resolve()), stat.st_size, stat.st_mtime_ns, RECIPE]
-    for data in sorted(graph.parent.glob(graph.name + "?data")):  # model.onnx_data, .onnx.data
-        parts.append((data.name, data.stat().st_size, data.stat().st_mtime_ns))
-    parts.append(hashlib.sha256(calibration.read_bytes()).hexdigest())
+    parts = [*graph_stamp(graph), RECIPE, hashlib.sha256(calibration.read_bytes()).hexdigest()]
     return "int8-" + hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:20]
 
 
@@ -192,12 +189,6 @@ def _session(model: ModelProto, options: Any, scratch: Path) -> Any:
     return ort.InferenceSession(str(scratch / "model.onnx"), options, providers=providers)
 
 
-def _run(session: Any, names: list[str], feed: dict[str, np.ndarray]) -> list[Any]:
-    """`names` on `feed`, of which the graph gets the inputs it declares."""
-    inputs = {i.name for i in session.get_inputs()}
-    return session.run(names, {k: v for k, v in feed.items() if k in inputs})
-
-
 def _compare(
     graph: Path,
     feeds: list[dict[str, np.ndarray]],
@@ -211,7 +202,7 @@ def _compare(
     cosines: list[float] = []
     diff = 0.0
     for n, feed in enumerate(feeds):
-        got = _run(session, outputs, feed)
+        got = run_graph(session, outputs, feed)
         for want, value in zip((ref[n] for ref in reference), got, strict=True):
             value = np.asarray(value, dtype=np.float32)
             diff = max(diff, float(np.abs(value - want).max()))
@@ -266,7 +257,7 @@ def _calibrate(
     del probe  # the session holds its own copy of the weights
     seen: dict[str, list[np.ndarray]] = {name: [] for name in names}
     for feed in feeds:
-        values = _run(session, names, feed)
+        values = run_graph(session, names, feed)
         for name, value in zip(names, values, strict=True):
             seen[name].append(np.asarray(value, dtype=np.float32))
     return seen

@@ -39,8 +39,9 @@ class Result:
     note: str = ""
     gflops: dict[str, float] = field(default_factory=dict)
     """dtype ("fp32", "bf16") -> the GEMM ceiling measured just before and just after this
-    method's loads, their mean: its shares are of this one (`own_ceiling`), so that a machine
-    whose speed drifts during a half-hour run leaves the shares level."""
+    method's loads, the higher of the two (`run.ceiling_around`): its shares are of this one
+    (`own_ceiling`), so that a machine whose speed drifts during a half-hour run leaves the
+    shares level."""
 
     @staticmethod
     def median(rounds: list[Result]) -> Result:
@@ -479,8 +480,9 @@ def write_report(
         *(f"| {g['what']} | {g['figure']} | {g['target']} | {verdict(g['met'])} |" for g in goals),
         "",
         "Shares are of the GEMM ceiling measured in this run on the model's own FFN shape, "
-        "around each method's own loads (the mean of the GEMM timed just before and just after "
-        "them; the machine's speed drifts during a run). "
+        "around each method's own loads (the higher of the GEMM timed just before and just after "
+        "them: the machine's speed drifts during a run, and a reading slowed by other work "
+        "would flatter the method). "
         "Cosines compare each server's vectors of every corpus text (from its widest one-text "
         "load) with sentence-transformers' fp32 vectors of the same texts. Device idle: the "
         "share of a load's wall time the server's device thread spent on no batch "

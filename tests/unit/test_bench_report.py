@@ -165,6 +165,15 @@ def test_the_best_backend_is_chosen_by_its_shares_of_its_own_ceiling() -> None:
         assert fp32["figure"] == "79% / 72%"
 
 
+def test_a_slowed_gemm_reading_around_a_method_does_not_lift_its_shares() -> None:
+    from bench.run import ceiling_around
+
+    # A run of 2026-12-03 read 135 GFLOP/s before a server and 93 after it: its mean would have
+    # credited the server with a fifth more of the ceiling than the steadier reading allows.
+    assert ceiling_around({"fp32": 135.0}, {"fp32": 93.0}) == {"fp32": 135.0}
+    assert ceiling_around({"fp32": 140.0, "bf16": 300.0}, {"fp32": 150.0}) == {"fp32": 150.0}
+
+
 def test_attention_flops_follow_each_token_s_own_text_length() -> None:
     from bench.run import attended_length, flops_per_token
 

@@ -1,7 +1,7 @@
 """ONNX Runtime's transformer fusions on an exported BERT graph (backends/onnx/fuse.py): the torch
 backend's short passes run the fused graph, with sentence-transformers' vectors; a fusion that
 moves the hidden states, or one the optimizer gives up on, leaves the exported graph in use (and
-is not tried again); other encoders and `--backend onnx` keep the exported graph."""
+is not tried again); other encoders, wider ones and `--backend onnx` keep the exported graph."""
 
 from __future__ import annotations
 
@@ -124,6 +124,25 @@ def test_a_graph_the_optimizer_gives_up_on_is_used_unfused(
     assert fused_graph(exported, spec, tmp_path) == exported
     marker = tmp_path / f"{fused_key(exported)}.{NOT_FUSED}"
     assert "the optimizer failed" in marker.read_text()
+
+
+@pytest.mark.parametrize("widest", [32, 31])
+def test_only_encoders_up_to_the_fused_width_get_the_fused_graph(
+    tiny_bert_family: Callable[..., Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    widest: int,
+) -> None:
+    # A BERT-base-wide encoder's short passes ran level or slower fused: the tiny BERT (32
+    # wide) stands for it once the widest fused width is set below its own.
+    folder = tiny_bert_family("bert", "embedding")
+    monkeypatch.setattr(fuse, "MAX_FUSED_WIDTH", widest)
+    graph = graph_candidate(_spec(folder), 0, tmp_path)
+    assert graph is not None
+    exported = cached_graph(folder, "embedding", tmp_path)
+    fused = tmp_path / fused_key(exported) / "model.onnx"
+    assert graph.session._model_path == str(fused if widest == 32 else exported)
+    assert _ops(Path(graph.session._model_path))["Attention"] == (2 if widest == 32 else 0)
 
 
 def test_other_encoders_keep_their_exported_graph(

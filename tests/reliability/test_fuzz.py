@@ -32,7 +32,7 @@ CHECKS = [
     content_type_conformance,
     response_schema_conformance,
 ]
-EXAMPLES_PER_OPERATION = 40
+EXAMPLES_PER_OPERATION = 25
 
 
 @pytest.fixture(scope="module", params=["embedding", "reranker"])

@@ -7,7 +7,7 @@ import torch
 
 from tests.helpers.attention import allowed, reference_attention
 from vectorpress.backends.common.pooling import pool
-from vectorpress.backends.common.sequences import PackedSequences
+from vectorpress.backends.common.sequences import LengthGroup, PackedSequences
 from vectorpress.backends.torch import attention
 from vectorpress.backends.torch.attention import banded_from, packed_attention
 
@@ -199,3 +199,62 @@ def test_a_score_bias_runs_on_the_fused_kernel(held_out_keys: bool) -> None:
         half = packed_attention(*(t.bfloat16() for t in (q, k, v)), seqs, bias=bias)
     assert asked == {torch.float32} and half.dtype == torch.bfloat16
     torch.testing.assert_close(half.float(), slow, atol=2e-2, rtol=2e-2)
+
+
+def test_key_span_pads_to_the_next_multiple_of_16_from_a_few_keys_past_it() -> None:
+    assert [attention.key_span(n, torch.bfloat16) for n in (1, 3, 4, 16, 19, 20, 255, 256)] == [
+        1,
+        3,
+        16,
+        16,
+        19,
+        32,
+        256,
+        256,
+    ]
+    assert [attention.key_span(n, torch.float32) for n in (5, 6, 21, 22, 187)] == [
+        5,
+        16,
+        21,
+        32,
+        192,
+    ]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("sort", [True, False])
+@pytest.mark.parametrize("held_out_keys", [False, True])
+def test_keys_padded_to_a_span_attend_as_the_sequence_alone(
+    dtype: torch.dtype, sort: bool, held_out_keys: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lengths whose keys the CPU path pads (`key_span`): sequences side by side with rows
+    after them (read as one overlapping view), the last ones without (gathered), and, in
+    arrival order, a length whose sequences lie apart (gathered by index). The rows a padded
+    view reads past a sequence are its neighbours': held out by the mask, they change
+    nothing."""
+    torch.manual_seed(0)
+    lengths = [22, 45, 9, 45, 30, 22, 7]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    keys = [20, 45, 4, 40, 30, 22, 7] if held_out_keys else None
+    seqs = PackedSequences(cu, max(lengths), key_lengths=keys)
+    total = sum(lengths)
+    q, k, v = (torch.randn(total, 4, 8) for _ in range(3))
+    if sort:
+        sorted_ = seqs.longest_first()
+        assert sorted_ is not None
+        tokens, seqs = sorted_
+        q, k, v = q[tokens], k[tokens], v[tokens]
+    spans: list[tuple[int, int]] = []
+    real = attention._span_keys
+
+    def spy(t: torch.Tensor, group: LengthGroup, span: int) -> torch.Tensor:
+        spans.append((group.length, span))
+        return real(t, group, span)
+
+    monkeypatch.setattr(attention, "_span_keys", spy)
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    fast = packed_attention(q, k, v, seqs)
+    assert set(spans) == {(45, 48), (30, 32), (22, 32), (9, 16), (7, 16)}
+    slow = reference_attention(q.float(), k.float(), v.float(), seqs)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(fast.float(), slow, atol=tol, rtol=tol)

@@ -224,18 +224,26 @@ def test_key_span_pads_to_the_next_multiple_of_16_from_a_few_keys_past_it() -> N
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("sort", [True, False])
 @pytest.mark.parametrize("held_out_keys", [False, True])
+@pytest.mark.parametrize(("causal", "window"), [(False, None), (True, None), (False, 8), (True, 8)])
 def test_keys_padded_to_a_span_attend_as_the_sequence_alone(
-    dtype: torch.dtype, sort: bool, held_out_keys: bool, monkeypatch: pytest.MonkeyPatch
+    dtype: torch.dtype,
+    sort: bool,
+    held_out_keys: bool,
+    causal: bool,
+    window: int | None,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Lengths whose keys the CPU path pads (`key_span`): sequences side by side with rows
     after them (read as one overlapping view), the last ones without (gathered), and, in
     arrival order, a length whose sequences lie apart (gathered by index). The rows a padded
-    view reads past a sequence are its neighbours': held out by the mask, they change
-    nothing."""
+    view reads past a sequence are its neighbours': held out by the mask (or, causal and
+    unmasked, by SDPA's top-left causal mask), they change nothing; under a window too."""
     torch.manual_seed(0)
     lengths = [22, 45, 9, 45, 30, 22, 7]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-    keys = [20, 45, 4, 40, 30, 22, 7] if held_out_keys else None
+    # Each sequence holds out at most 3 keys: under the window (4 on each side) every query
+    # still sees one.
+    keys = [19, 45, 6, 42, 30, 22, 7] if held_out_keys else None
     seqs = PackedSequences(cu, max(lengths), key_lengths=keys)
     total = sum(lengths)
     q, k, v = (torch.randn(total, 4, 8) for _ in range(3))
@@ -253,8 +261,8 @@ def test_keys_padded_to_a_span_attend_as_the_sequence_alone(
 
     monkeypatch.setattr(attention, "_span_keys", spy)
     q, k, v = (t.to(dtype) for t in (q, k, v))
-    fast = packed_attention(q, k, v, seqs)
+    fast = packed_attention(q, k, v, seqs, causal=causal, window=window)
     assert set(spans) == {(45, 48), (30, 32), (22, 32), (9, 16), (7, 16)}
-    slow = reference_attention(q.float(), k.float(), v.float(), seqs)
+    slow = reference_attention(q.float(), k.float(), v.float(), seqs, causal=causal, window=window)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(fast.float(), slow, atol=tol, rtol=tol)

@@ -119,11 +119,15 @@ def packed_attention(
         )
         if keys is not None:
             mask = _with_keys(mask, keys, L, causal)
-        on_cpu = q.device.type == "cpu" and not causal and window is None
+        on_cpu = q.device.type == "cpu"
         span = key_span(L, torch.float32 if widen else q.dtype) if on_cpu else L
         if span != L:
             kg, vg = _span_keys(k, group, span), _span_keys(v, group, span)
-            mask = _span_mask(mask, L, span, q.device)
+            # A causal call without a mask needs none for the padding: with more keys than
+            # queries, SDPA's causal mask is the top-left one, and no query reaches past its
+            # own position.
+            if mask is not None or not causal:
+                mask = _span_mask(mask, L, span, q.device)
         if widen:
             qg, kg, vg = qg.float(), kg.float(), vg.float()
         o = F.scaled_dot_product_attention(
@@ -152,7 +156,7 @@ def key_span(length: int, dtype: torch.dtype) -> int:
     queries' count does not matter). Measured on an AMX Xeon, 12 heads of 32, 2 sequences a
     call, every length to 256: 15 keys past a multiple took 1.6x (bfloat16) and 1.56x
     (float32) the padded call's time on average, 4 past it 1.18x / 1.03x, 1-2 past it up to
-    1.08x / 0.92x; 64-wide heads in float32, with and without a score bias, alike. So keys
+    1.08x / 0.92x; 64-wide heads with a score bias, a window's mask or causal, alike. So keys
     are padded from 4 (reduced precision) or 6 (float32) past the multiple.
     """
     over = length % _KEY_BLOCK

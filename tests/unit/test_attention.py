@@ -201,6 +201,19 @@ def test_a_score_bias_runs_on_the_fused_kernel(held_out_keys: bool) -> None:
     torch.testing.assert_close(half.float(), slow, atol=2e-2, rtol=2e-2)
 
 
+@pytest.fixture
+def pads_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Key padding on, whatever ATen's vector width here (it is on for AVX-512 only)."""
+    monkeypatch.setattr(attention, "PADS_KEYS", True)
+
+
+def test_keys_are_padded_only_where_aten_runs_avx512(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert attention._pads_keys() == (torch.backends.cpu.get_cpu_capability() == "AVX512")
+    monkeypatch.setattr(attention, "PADS_KEYS", False)
+    assert attention.key_span(20, torch.bfloat16) == 20
+
+
+@pytest.mark.usefixtures("pads_keys")
 def test_key_span_pads_to_the_next_multiple_of_16_from_a_few_keys_past_it() -> None:
     assert [attention.key_span(n, torch.bfloat16) for n in (1, 3, 4, 16, 19, 20, 255, 256)] == [
         1,
@@ -221,6 +234,7 @@ def test_key_span_pads_to_the_next_multiple_of_16_from_a_few_keys_past_it() -> N
     ]
 
 
+@pytest.mark.usefixtures("pads_keys")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("sort", [True, False])
 @pytest.mark.parametrize("held_out_keys", [False, True])

@@ -148,6 +148,16 @@ _PAD_FROM_REDUCED = 4
 _PAD_FROM_FP32 = 6
 
 
+def _pads_keys() -> bool:
+    """Whether `key_span` pads here: where ATen's kernels run 512-bit vectors. With its AVX2
+    kernels (`ATEN_CPU_CAPABILITY=avx2` on the same Xeon, float32) the key tail cost far less:
+    padding to 16 ranged from 0.88x to 1.21x by remainder, level overall."""
+    return torch.backends.cpu.get_cpu_capability() == "AVX512"
+
+
+PADS_KEYS = _pads_keys()
+
+
 def key_span(length: int, dtype: torch.dtype) -> int:
     """How many keys the CPU's flash kernel is given for sequences of `length` tokens: the
     length itself, or the next multiple of 16 with the keys after `length` masked.
@@ -157,10 +167,15 @@ def key_span(length: int, dtype: torch.dtype) -> int:
     call, every length to 256: 15 keys past a multiple took 1.6x (bfloat16) and 1.56x
     (float32) the padded call's time on average, 4 past it 1.18x / 1.03x, 1-2 past it up to
     1.08x / 0.92x; 64-wide heads with a score bias, a window's mask or causal, alike. So keys
-    are padded from 4 (reduced precision) or 6 (float32) past the multiple.
+    are padded from 4 (reduced precision) or 6 (float32) past the multiple, on CPUs whose
+    ATen kernels are AVX-512 ones (`PADS_KEYS`).
     """
     over = length % _KEY_BLOCK
-    if over == 0 or over < (_PAD_FROM_FP32 if dtype == torch.float32 else _PAD_FROM_REDUCED):
+    if (
+        not PADS_KEYS
+        or over == 0
+        or over < (_PAD_FROM_FP32 if dtype == torch.float32 else _PAD_FROM_REDUCED)
+    ):
         return length
     return length - over + _KEY_BLOCK
 

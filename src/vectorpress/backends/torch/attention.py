@@ -8,6 +8,7 @@ against one explicit softmax per sequence (tests/helpers/attention.py).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -93,41 +94,33 @@ def packed_attention(
     # A score bias in bfloat16 runs in float32 on the CPU: on the flash kernel in bfloat16,
     # all-mpnet-base-v2 fell to cosine 0.9972 to float32 on one corpus text (12 tokens), where
     # float32 attention holds the bound, and its 64-wide heads run no slower for the casts.
-    widen = bias is not None and q.device.type == "cpu" and q.dtype != torch.float32
+    on_cpu = q.device.type == "cpu"
+    widen = bias is not None and on_cpu and q.dtype != torch.float32
+    dtype = torch.float32 if widen else q.dtype
     out = torch.empty_like(q)
     for group in seqs.groups:
         L, n = group.length, group.count
         if group.filler:
             out[group.start : group.start + L] = 0
             continue
-        if group.index is None:
-            s, e = group.start, group.start + n * L
-            qg, kg, vg = q[s:e], k[s:e], v[s:e]
-        else:
-            qg, kg, vg = q[group.index], k[group.index], v[group.index]
-        # (n, heads, L, dim)
-        qg = qg.reshape(n, L, n_heads, -1).transpose(1, 2)
-        kg = kg.reshape(n, L, kv_heads, -1).transpose(1, 2)
-        vg = vg.reshape(n, L, kv_heads, -1).transpose(1, 2)
         keys = group.keys
-        if window is not None and bias is None and keys is None and banded_from(window) <= L:
+        banded = window is not None and bias is None and keys is None and banded_from(window) <= L
+        span = key_span(L, dtype) if on_cpu and not banded else L
+        # (n, heads, L or span, dim)
+        qg = _grouped(q, group, L)
+        kg, vg = _grouped(k, group, span), _grouped(v, group, span)
+        if banded:
+            assert window is not None
             o = _banded(qg, kg, vg, window, causal=causal, scale=scale, gqa=gqa)
             _out_rows(out, group, o.transpose(1, 2).reshape(n * L, n_heads, -1))
             continue
-        mask = _with_bias(
-            _mask(L, causal, window, q.device), bias, L, causal, torch.float32 if widen else q.dtype
-        )
+        mask = _with_bias(_mask(L, causal, window, q.device), bias, L, causal, dtype)
         if keys is not None:
             mask = _with_keys(mask, keys, L, causal)
-        on_cpu = q.device.type == "cpu"
-        span = key_span(L, torch.float32 if widen else q.dtype) if on_cpu else L
-        if span != L:
-            kg, vg = _span_keys(k, group, span), _span_keys(v, group, span)
-            # A causal call without a mask needs none for the padding: with more keys than
-            # queries, SDPA's causal mask is the top-left one, and no query reaches past its
-            # own position.
-            if mask is not None or not causal:
-                mask = _span_mask(mask, L, span, q.device)
+        # A causal call without a mask needs none for padded keys: with more keys than queries,
+        # SDPA's causal mask is the top-left one, and no query reaches past its own position.
+        if span != L and (mask is not None or not causal):
+            mask = _span_mask(mask, L, span, q.device)
         if widen:
             qg, kg, vg = qg.float(), kg.float(), vg.float()
         o = F.scaled_dot_product_attention(
@@ -180,11 +173,14 @@ def key_span(length: int, dtype: torch.dtype) -> int:
     return length - over + _KEY_BLOCK
 
 
-def _span_keys(t: torch.Tensor, group: LengthGroup, span: int) -> torch.Tensor:
-    """A group's keys (or values) as `(n, heads, span, dim)`: each sequence's own rows, then
-    `span - length` rows that the mask holds out (`_span_mask`); their values need only be
-    finite. Sequences side by side are read as one overlapping view of the rows after them,
-    with no copy, where those rows exist; otherwise the rows are gathered and zero-padded."""
+def _grouped(t: torch.Tensor, group: LengthGroup, span: int) -> torch.Tensor:
+    """A group's rows of `t` (queries, keys or values) as `(n, heads, span, dim)`.
+
+    With `span` past the length (keys, `key_span`), each sequence's own rows come first, then
+    `span - length` rows that the mask holds out (`_span_mask`), whose values need only be
+    finite. Sequences side by side are one view of the rows, overlapping the rows after them
+    where the span reaches past a sequence: no copy. Otherwise they are gathered, and zero-padded
+    to the span."""
     n, length = group.count, group.length
     if group.index is None and group.start + (n - 1) * length + span <= t.shape[0]:
         rows = t[group.start :]
@@ -194,7 +190,7 @@ def _span_keys(t: torch.Tensor, group: LengthGroup, span: int) -> torch.Tensor:
     end = group.start + n * length
     rows = t[group.start : end] if group.index is None else t[group.index]
     grouped = rows.reshape(n, length, *t.shape[1:]).transpose(1, 2)
-    return F.pad(grouped, (0, 0, 0, span - length))
+    return grouped if span == length else F.pad(grouped, (0, 0, 0, span - length))
 
 
 def _span_mask(
@@ -203,10 +199,17 @@ def _span_mask(
     """`mask` (None, boolean, or an additive bias; its last dimension the keys) widened to
     `span` keys, the added ones held out."""
     if mask is None:
-        return (torch.arange(span, device=device) < length).view(1, 1, 1, span)
+        return _key_limit(length, span, device)
     if mask.dtype == torch.bool:
         return F.pad(mask, (0, span - length), value=False)
     return F.pad(mask, (0, span - length), value=float("-inf"))
+
+
+@functools.lru_cache(maxsize=256)
+def _key_limit(length: int, span: int, device: torch.device) -> torch.Tensor:
+    """`(1, 1, 1, span)`: the first `length` keys. Kept, as every layer asks for the same
+    ones; SDPA only reads it."""
+    return (torch.arange(span, device=device) < length).view(1, 1, 1, span)
 
 
 def _out_rows(out: torch.Tensor, group: LengthGroup, rows: torch.Tensor) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -281,3 +283,100 @@ def test_keys_padded_to_a_span_attend_as_the_sequence_alone(
     slow = reference_attention(q.float(), k.float(), v.float(), seqs, causal=causal, window=window)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(fast.float(), slow, atol=tol, rtol=tol)
+
+
+# varlen_attn's signature across torch releases: the CUDA path adapts to each (it met the middle
+# one on a GPU machine, whose torch refused enable_gqa). The stand-ins take exactly those
+# parameters and compute what their arguments ask for, so a call that passes a parameter the
+# release lacks fails as it would there, and one that passes the wrong window, scale or heads
+# gives the wrong numbers.
+def _flash_attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu: torch.Tensor,
+    scale: float | None,
+    window_size: tuple[int, int],
+    enable_gqa: bool,
+) -> torch.Tensor:
+    assert cu.dtype == torch.int32
+    assert q.shape[1] == k.shape[1] or enable_gqa, "grouped heads without enable_gqa"
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], 1)
+    v = v.repeat_interleave(q.shape[1] // v.shape[1], 1)
+    left, right = window_size
+    out = torch.empty_like(q)
+    bounds = cu.tolist()
+    for a, b in itertools.pairwise(bounds):
+        qs, ks, vs = (t[a:b].transpose(0, 1) for t in (q, k, v))
+        scores = qs @ ks.transpose(1, 2) * (q.shape[-1] ** -0.5 if scale is None else scale)
+        pos = torch.arange(b - a)
+        dist = pos.unsqueeze(0) - pos.unsqueeze(1)  # key - query
+        ok = torch.ones(b - a, b - a, dtype=torch.bool)
+        if left >= 0:
+            ok &= dist >= -left
+        if right >= 0:
+            ok &= dist <= right
+        out[a:b] = (scores.masked_fill(~ok, float("-inf")).softmax(-1) @ vs).transpose(0, 1)
+    return out
+
+
+def _varlen_is_causal_only(
+    query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None
+):  # type: ignore[no-untyped-def]
+    return _flash_attend(query, key, value, cu_seq_q, None, (-1, 0 if is_causal else -1), False)
+
+
+def _varlen_scale_and_window(
+    query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+    window_size=(-1, -1),
+):  # type: ignore[no-untyped-def]  # fmt: skip
+    return _flash_attend(query, key, value, cu_seq_q, scale, window_size, False)
+
+
+def _varlen_with_gqa(
+    query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+    window_size=(-1, -1), enable_gqa=False, seqused_k=None, block_table=None, num_splits=None,
+):  # type: ignore[no-untyped-def]  # fmt: skip
+    return _flash_attend(query, key, value, cu_seq_q, scale, window_size, enable_gqa)
+
+
+VARLEN_RELEASES = {
+    "is_causal only": _varlen_is_causal_only,
+    "scale and window_size": _varlen_scale_and_window,
+    "enable_gqa too": _varlen_with_gqa,
+}
+
+
+@pytest.fixture(params=sorted(VARLEN_RELEASES))
+def varlen_release(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    import torch.nn.attention.varlen as module
+
+    monkeypatch.setattr(module, "varlen_attn", VARLEN_RELEASES[request.param])
+    attention.varlen_parameters.cache_clear()
+    yield request.param
+    attention.varlen_parameters.cache_clear()
+
+
+@pytest.mark.parametrize(("causal", "window"), [(False, None), (True, None), (False, 6)])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+@pytest.mark.parametrize("scale", [None, 0.3])
+def test_varlen_attention_asks_each_release_for_what_it_can_do(
+    varlen_release: str, causal: bool, window: int | None, kv_heads: int, scale: float | None
+) -> None:
+    torch.manual_seed(0)
+    lengths = [9, 1, 14, 9]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    seqs = PackedSequences(cu, max(lengths), varlen=True)
+    total = sum(lengths)
+    q = torch.randn(total, 4, 8)
+    k, v = torch.randn(total, kv_heads, 8), torch.randn(total, kv_heads, 8)
+    got = packed_attention(q, k, v, seqs, causal=causal, window=window, scale=scale)
+    want = reference_attention(q, k, v, seqs, causal=causal, window=window, scale=scale)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    usable, why = attention.varlen_usable("cuda", torch.float16)
+    assert usable
+    windowed_on_sdpa = varlen_release == "is_causal only"
+    assert ("windowed layers on SDPA" in why) == windowed_on_sdpa
+    if window is not None and windowed_on_sdpa:
+        with pytest.raises(ValueError, match="no window_size"):
+            attention.varlen_attention(q, k, v, seqs, window=window)

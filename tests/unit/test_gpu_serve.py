@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_gpu_serve_measures_a_real_server_and_checks_its_vectors(tmp_path: Path) -> None:
     out = tmp_path / "serve.json"
+    args = ["48", "--dtypes", "float32", "--out", str(out), "--trace"]
     done = subprocess.run(
-        [sys.executable, "bench/gpu_serve.py", "48", "--dtypes", "float32", "--out", str(out)],
+        [sys.executable, "bench/gpu_serve.py", *args],
         cwd=ROOT,
         env={**os.environ, "VP_DEVICE": "cpu"},
         capture_output=True,
@@ -34,5 +35,8 @@ def test_gpu_serve_measures_a_real_server_and_checks_its_vectors(tmp_path: Path)
     for figures in row["load"].values():
         assert figures["errors"] == 0 and figures["tokens_per_s"] > 0
         assert 1 <= figures["texts_per_batch"] <= 48
+        # Traced in the server (bench/embed_trace.py): a pass's wall time and its thread's CPU.
+        assert 0 < figures["pass_cpu_ms"] <= figures["pass_wall_ms"] * 1.05
     assert 0 < row["overhead_ms"] < row["short_p50_ms"]
     assert "| float32 |" in done.stdout
+    assert "| float32 | 32x16 |" in done.stdout

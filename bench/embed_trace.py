@@ -16,16 +16,16 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TextIO
 
 
-def traced(fn: Callable[..., Any], path: str, lock: threading.Lock) -> Callable[..., Any]:
+def traced(fn: Callable[..., Any], log: TextIO, lock: threading.Lock) -> Callable[..., Any]:
     def run(self: Any, batch: Any) -> Any:
         wall, cpu = time.perf_counter(), time.thread_time()
         out = fn(self, batch)
         line = f"{batch.size} {time.perf_counter() - wall:.6f} {time.thread_time() - cpu:.6f}\n"
-        with lock, open(path, "a") as f:
-            f.write(line)
+        with lock:
+            log.write(line)  # line-buffered: the benchmark reads the file while the server runs
         return out
 
     return run
@@ -35,10 +35,10 @@ def main() -> None:
     from vectorpress.backends.torch.backend import TorchBackend
     from vectorpress.cli import main as serve
 
-    path = os.environ["VP_EMBED_TRACE"]
+    log = open(os.environ["VP_EMBED_TRACE"], "a", buffering=1)  # noqa: SIM115 (the server's life)
     lock = threading.Lock()
-    TorchBackend.embed = traced(TorchBackend.embed, path, lock)  # type: ignore[method-assign]
-    TorchBackend.predict = traced(TorchBackend.predict, path, lock)  # type: ignore[method-assign]
+    TorchBackend.embed = traced(TorchBackend.embed, log, lock)  # type: ignore[method-assign]
+    TorchBackend.predict = traced(TorchBackend.predict, log, lock)  # type: ignore[method-assign]
     sys.argv[0] = "vectorpress"
     sys.exit(serve())
 

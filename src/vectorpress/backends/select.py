@@ -57,7 +57,7 @@ def select_backend(spec: ModelSpec, settings: ModelSettings) -> Backend:
         )
     log.info("backend %s serves %s: %s", choice, spec.architecture, why)
     if choice == "torch":
-        return TorchBackend(spec, **backend_args(settings))
+        return TorchBackend(spec, **backend_args(settings), cuda_graphs=settings.cuda_graphs)
     if choice == "hf":
         from vectorpress.backends.hf.backend import HFBackend
 

@@ -26,6 +26,7 @@ from vectorpress.backends.common.threads import num_threads
 from vectorpress.backends.preemption import add_layer_points
 from vectorpress.backends.torch.attention import varlen_usable
 from vectorpress.backends.torch.blocks import FusedModel
+from vectorpress.backends.torch.cuda_graphs import CudaGraphs, Replayed
 from vectorpress.backends.torch.heads import ClassificationHead, MLMHead
 from vectorpress.backends.torch.int8 import INT8_PASS_TOKENS, int8_ready, quantize_linears
 from vectorpress.backends.torch.layers import onednn_supported
@@ -169,9 +170,12 @@ class TorchBackend:
         device: str = "cpu",
         dtype: str | None = None,
         cache_dir: Path | None = None,
+        cuda_graphs: bool = True,
     ) -> None:
         """The signature every backend shares (see `backends.base.Backend`); `cache_dir` keeps
-        the encoder's exported ONNX graph, where short CPU passes may run (`short_graph.py`)."""
+        the encoder's exported ONNX graph, where short CPU passes may run (`short_graph.py`).
+        `cuda_graphs`: on a GPU, replay the encoder from CUDA graphs where it can
+        (`cuda_graphs.py`)."""
         if dtype == "int8" and device == "cuda":
             raise StartupError("--dtype int8 runs on the CPU only (--device cpu)")
         device = pick_device(device)
@@ -217,6 +221,18 @@ class TorchBackend:
         add_layer_points(model.encoder)
         self.varlen, why = varlen_usable(device, torch_dtype)
         log.info("attention: %s (%s)", "varlen_attn" if self.varlen else "sdpa", why)
+        # Graphs need every layer on varlen_attn; a model that is not finds out on its first
+        # capture (`cuda_graphs.py`).
+        pools = spec.kind == "embedding" and not spec.is_splade
+        self.graphs = (
+            CudaGraphs(
+                model.encoder, device, spec.max_input_length, spec.pooling if pools else None
+            )
+            if cuda_graphs and self.varlen
+            else None
+        )
+        if cuda_graphs and device != "cpu":
+            log.info("CUDA graphs: %s", "on" if self.graphs else f"off ({why})")
         self.dense = [
             load_dense(d).eval().to(device=device, dtype=torch.float32) for d in spec.dense
         ]
@@ -236,26 +252,50 @@ class TorchBackend:
             worst,
         )
 
-    def _encode(self, batch: Batch) -> tuple[torch.Tensor, PackedSequences]:
-        dev = self.device
+    def _sequences(self, batch: Batch) -> PackedSequences:
+        """The batch's bounds, read on the host (no wait for the device); `_encode` moves
+        them to the device."""
         keys = None if batch.key_lengths is None else batch.key_lengths.tolist()
-        seqs = PackedSequences(
-            torch.from_numpy(batch.cu_seqlens).to(dev), batch.max_seqlen, self.varlen, keys
+        return PackedSequences(
+            torch.from_numpy(batch.cu_seqlens), batch.max_seqlen, self.varlen, keys
         )
-        inputs = (
-            torch.from_numpy(batch.input_ids).to(dev),
-            torch.from_numpy(batch.token_type_ids).to(dev),
-            torch.from_numpy(batch.position_ids).to(dev),
+
+    def _replay(self, batch: Batch, seqs: PackedSequences) -> Replayed | None:
+        if self.graphs is None or not seqs.varlen:
+            return None
+        return self.graphs(batch.input_ids, batch.token_type_ids, batch.position_ids, seqs.lengths)
+
+    def _encode(
+        self, batch: Batch, seqs: PackedSequences | None = None
+    ) -> tuple[torch.Tensor, PackedSequences]:
+        dev = self.device
+        seqs = self._sequences(batch) if seqs is None else seqs
+        ids, types, positions = (
+            torch.from_numpy(a) for a in (batch.input_ids, batch.token_type_ids, batch.position_ids)
         )
-        if dev != "cpu":
-            return self.model.encoder(*inputs, seqs), seqs
-        return self.passes.run(self.model.encoder, *inputs, seqs), seqs
+        if dev == "cpu":
+            return self.passes.run(self.model.encoder, ids, types, positions, seqs), seqs
+        replayed = self._replay(batch, seqs)
+        seqs.cu_seqlens = seqs.cu_seqlens.to(dev)
+        if replayed is not None:
+            return replayed.hidden, seqs
+        ids, types, positions = (t.to(dev) for t in (ids, types, positions))
+        return self.model.encoder(ids, types, positions, seqs), seqs
 
     @torch.inference_mode()
     def embed(self, batch: Batch) -> BatchOutput:
-        hidden, seqs = self._encode(batch)
-        pooled: np.ndarray | None = None
         which = list(batch.pooled_indices)
+        seqs = self._sequences(batch)
+        if self.graphs is not None and self.graphs.pooling and len(which) == seqs.size:
+            # Every sequence pooled (no per-token outputs): the graph pools them itself.
+            replayed = self._replay(batch, seqs)
+            if replayed is not None and replayed.pooled is not None:
+                vectors = replayed.pooled.float()
+                for dense in self.dense:
+                    vectors = dense(vectors)
+                return BatchOutput(vectors.cpu().numpy(), [])
+        hidden, seqs = self._encode(batch, seqs)
+        pooled: np.ndarray | None = None
         if which:
             if self.spec.is_splade:
                 assert isinstance(self.model.head, MLMHead)

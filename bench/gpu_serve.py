@@ -2,6 +2,7 @@
 bench/gpu.sh after gpu_check.py (which times the bare backend in-process).
 
     python bench/gpu_serve.py [TEXTS] [--dtypes float16,bfloat16,float32] [--out FILE] [--trace]
+        [--serve-args '--cuda-graphs false']
 
 For each dtype, starts `vectorpress serve --device cuda --dtype D` on the packaged
 all-MiniLM-L6-v2 and drives it with bench/run.py's client: the corpus as one-text requests with
@@ -12,7 +13,8 @@ GPU's thread waited on tokenization, batching and the answers) and the texts per
 vectors on the same GPU, the short query's p50 and the server's overhead on it (HTTP p50 minus
 the server's own inference time), and the time from start to healthy. With --trace, the server
 runs through bench/embed_trace.py and each load also reports a pass's mean wall time and its
-thread's CPU time in the server. Exits non-zero when a request fails or a cosine falls under its
+thread's CPU time in the server, every thread's CPU and the lines the device thread spent its
+wall time on (sampled every millisecond: running, or waiting for the interpreter lock). Exits non-zero when a request fails or a cosine falls under its
 bound.
 
 VP_DEVICE=cpu runs the same script on a CPU, to check the script itself.
@@ -38,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.client import free_port, inference_seconds, mean_inference, metric_sums  # noqa: E402
 from bench.corpus import corpus  # noqa: E402
+from bench.embed_trace import SAMPLE_DUMP, sample_delta  # noqa: E402
 from bench.run import (  # noqa: E402
     Server,
     accuracy,
@@ -77,6 +80,25 @@ def passes(trace: Path | None) -> list[tuple[int, float, float]]:
     return [(int(n), float(wall), float(cpu)) for n, wall, cpu in rows]
 
 
+def snapshot(trace: Path | None) -> dict[str, Any]:
+    """The sampler's latest totals (bench/embed_trace.py), after its next write."""
+    if trace is None:
+        return {}
+    time.sleep(2 * SAMPLE_DUMP)
+    path = trace.with_suffix(".sample.json")
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def report_sample(name: str, delta: dict[str, Any]) -> None:
+    wall = delta["wall_s"]
+    log(f"  {name}: CPU by thread over {wall:.1f} s (cores busy):")
+    for thread, cpu in delta["threads"][:8]:
+        log(f"    {cpu / wall:5.2f}  {thread}")
+    log("  the device thread's lines by wall time (share of wall, of it running):")
+    for stack, w, c in delta["stacks"]:
+        log(f"    {w / wall:6.1%} {c / w if w else 0:6.1%}  {stack}")
+
+
 def measure(
     model: Path,
     dtype: str,
@@ -85,14 +107,16 @@ def measure(
     counts: list[int],
     ref: np.ndarray,
     trace: Path | None = None,
+    serve_args: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     port = free_port()
-    cmd = vectorpress_cmd(model, port, "--device", device, "--dtype", dtype)
+    cmd = vectorpress_cmd(model, port, "--device", device, "--dtype", dtype, *serve_args)
     env = {}
     if trace is not None:
         # The same command through the tracing launcher: `python bench/embed_trace.py serve ...`
         cmd = [sys.executable, str(ROOT / "bench" / "embed_trace.py"), *cmd[3:]]
         env["VP_EMBED_TRACE"] = str(trace)
+        env["VP_EMBED_SAMPLE"] = str(trace.with_suffix(".sample.json"))
     server = Server(f"vectorpress {dtype}", cmd, port, "vp", env)
     out: dict[str, Any] = {"dtype": dtype, "load": {}}
     try:
@@ -115,7 +139,11 @@ def measure(
         for name, (requests, tokens, concurrency, keep) in loads.items():
             before_batches = metric_sums(server.url, BATCHES)
             traced = len(passes(trace))
+            sampled = snapshot(trace)
             figures = asyncio.run(drive(server, requests, tokens, concurrency, keep))
+            if sampled and (after := snapshot(trace)):
+                figures["sample"] = sample_delta(sampled, after)
+                report_sample(f"{dtype} {name}", figures["sample"])
             texts_, count = (
                 b - a for a, b in zip(before_batches, metric_sums(server.url, BATCHES), strict=True)
             )
@@ -184,6 +212,11 @@ def main() -> None:
     ap.add_argument("--dtypes", default="float16,bfloat16,float32")
     ap.add_argument("--out", type=Path, help="also write the figures here as JSON")
     ap.add_argument(
+        "--serve-args",
+        default="",
+        help="more flags for each server, as one string (e.g. '--cuda-graphs false')",
+    )
+    ap.add_argument(
         "--trace",
         action="store_true",
         help="time each pass in the server, wall and CPU (bench/embed_trace.py)",
@@ -201,7 +234,8 @@ def main() -> None:
         for dtype in args.dtypes.split(","):
             log(f"vectorpress --device {device} --dtype {dtype}")
             trace = Path(tmp) / f"{dtype}.trace" if args.trace else None
-            rows.append(measure(model, dtype, device, texts, counts, ref, trace))
+            serve_args = tuple(args.serve_args.split())
+            rows.append(measure(model, dtype, device, texts, counts, ref, trace, serve_args))
     print("\n".join(table(rows)), flush=True)
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))

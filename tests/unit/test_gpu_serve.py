@@ -37,6 +37,13 @@ def test_gpu_serve_measures_a_real_server_and_checks_its_vectors(tmp_path: Path)
         assert 1 <= figures["texts_per_batch"] <= 48
         # Traced in the server (bench/embed_trace.py): a pass's wall time and its thread's CPU.
         assert 0 < figures["pass_cpu_ms"] <= figures["pass_wall_ms"] * 1.05
+        # Sampled in the server: every thread's CPU, the device thread's lines by wall time.
+        sample = figures["sample"]
+        assert sample["wall_s"] > 0
+        assert any(name.startswith("vp-backend/") for name, _ in sample["threads"])
+        lines = sample["stacks"]
+        assert lines and all(0 <= cpu <= wall * 1.5 + 0.01 for _, wall, cpu in lines)
+        assert any("embed" in stack or "_next" in stack for stack, _, _ in lines)
     assert 0 < row["overhead_ms"] < row["short_p50_ms"]
     assert "| float32 |" in done.stdout
     assert "| float32 | 32x16 |" in done.stdout

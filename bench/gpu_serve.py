@@ -14,8 +14,8 @@ vectors on the same GPU, the short query's p50 and the server's overhead on it (
 the server's own inference time), and the time from start to healthy. With --trace, the server
 runs through bench/embed_trace.py and each load also reports a pass's mean wall time and its
 thread's CPU time in the server, every thread's CPU and the lines the device thread spent its
-wall time on (sampled every millisecond: running, or waiting for the interpreter lock). Exits non-zero when a request fails or a cosine falls under its
-bound.
+wall time on (sampled every millisecond: running, or waiting for the interpreter lock). Exits
+non-zero when a request fails or a cosine falls under its bound.
 
 VP_DEVICE=cpu runs the same script on a CPU, to check the script itself.
 """

@@ -153,6 +153,13 @@ def test_cuda_graphs_equal_the_eager_pass(
         assert graphed.graphs.off is None, graphed.graphs.off
         assert_close_vectors(got, want, min_cos=0.9999, what=f"{arch} {dtype} batch {i}")
     assert 1 <= len(graphed.graphs.graphs) <= 3
+    # Past the memory budget only the newest graph stays.
+    graphed.graphs.max_bytes = 1
+    for batch in batches[4:7]:
+        want, got = eager.embed(batch).pooled, graphed.embed(batch).pooled
+        assert got is not None and want is not None
+        assert_close_vectors(got, want, min_cos=0.9999, what=f"{arch} {dtype} one graph kept")
+        assert len(graphed.graphs.graphs) == 1
     raw = dataclasses.replace(batches[3], pooled_indices=(0, 2), raw_indices=(1, 3))
     want_raw, got_raw = eager.embed(raw), graphed.embed(raw)
     assert want_raw.pooled is not None and got_raw.pooled is not None

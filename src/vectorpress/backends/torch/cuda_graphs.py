@@ -42,9 +42,12 @@ log = logging.getLogger(__name__)
 
 Encoder = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, PackedSequences], torch.Tensor]
 
-# Graphs kept at once; the least recently used goes first. Each keeps its inputs and output
-# (a bucket's tokens times the hidden size); the activations in between share one memory pool.
+# Graphs kept at once, and the device memory their own buffers may hold together; the least
+# recently used goes first. Each keeps its inputs and outputs (a bucket's tokens times the
+# hidden size: 16 MB for MiniLM's largest bucket in float16, 168 MB for a 4,096-wide decoder's);
+# the activations in between share one memory pool.
 MAX_GRAPHS = 64
+MAX_GRAPH_BYTES = 1 << 30
 MIN_TOKENS = 64
 MIN_LONGEST = 16
 # Token buckets: multiples of MIN_TOKENS to 256, then four per power of two (at most 1/4,
@@ -170,6 +173,9 @@ class _Graph:
                 self.pooled = (
                     None if pooling is None else pool_all(self.output, self.bounds, pooling)
                 )
+        kept = [self.inputs, self.bounds, self.output]
+        kept += [] if self.pooled is None else [self.pooled]
+        self.bytes = sum(t.numel() * t.element_size() for t in kept)
 
 
 class CudaGraphs:
@@ -182,6 +188,7 @@ class CudaGraphs:
         limit: int,
         pooling: str | None = None,
         max_graphs: int = MAX_GRAPHS,
+        max_bytes: int = MAX_GRAPH_BYTES,
     ):
         """`limit`: the longest sequence the model takes; a longer one runs eagerly. `pooling`:
         what the graphs pool every sequence by (`pool_all`), if anything."""
@@ -190,6 +197,7 @@ class CudaGraphs:
         self.device = torch.device(device)
         self.limit = limit
         self.max_graphs = max_graphs
+        self.max_bytes = max_bytes
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: OrderedDict[Shape, _Graph] = OrderedDict()
         self.off: str | None = None
@@ -236,6 +244,10 @@ class CudaGraphs:
             torch.cuda.synchronize(self.device)
             return None
         self.graphs[shape] = graph
-        while len(self.graphs) > self.max_graphs:
+        # The newest stays, whatever its size.
+        while len(self.graphs) > 1 and (
+            len(self.graphs) > self.max_graphs
+            or sum(g.bytes for g in self.graphs.values()) > self.max_bytes
+        ):
             self.graphs.popitem(last=False)
         return graph

@@ -187,3 +187,23 @@ def test_the_tokenizers_own_thread_pool_is_off_unless_the_user_says(
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
     make()
     assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
+
+
+def test_a_pooled_pair_request_is_encoded_in_one_call_as_each_pair_alone(minilm: Path) -> None:
+    """(query, passage) pairs and single texts in one request large enough for the pool: each
+    as the tokenizer encodes it alone, truncated alike, token types included, in order."""
+    pool = make_pool(minilm, length=24)
+    try:
+        long = "passage words " * 30
+        inputs: list[Any] = [("what is it", long), "a single text", ("q", "short passage"), long]
+        got = asyncio.run(pool.encode_pairs(inputs, truncate=True))
+        alone = Tokenizer.from_file(str(minilm / "tokenizer.json"))
+        alone.no_padding()
+        alone.enable_truncation(24)
+        for item, enc in zip(inputs, got, strict=True):
+            want = alone.encode(item) if isinstance(item, str) else alone.encode(*item)
+            assert (enc.ids, enc.type_ids) == (want.ids, want.type_ids)
+            assert enc.truncated == bool(want.overflowing)
+        assert any(t == 1 for t in got[0].type_ids) and got[0].truncated
+    finally:
+        pool.close()

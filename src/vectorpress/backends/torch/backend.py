@@ -26,7 +26,7 @@ from vectorpress.backends.common.threads import num_threads
 from vectorpress.backends.preemption import add_layer_points
 from vectorpress.backends.torch.attention import varlen_usable
 from vectorpress.backends.torch.blocks import FusedModel
-from vectorpress.backends.torch.cuda_graphs import CudaGraphs, Replayed
+from vectorpress.backends.torch.cuda_graphs import POOLED_IN_GRAPHS, CudaGraphs, Replayed
 from vectorpress.backends.torch.heads import ClassificationHead, MLMHead
 from vectorpress.backends.torch.int8 import INT8_PASS_TOKENS, int8_ready, quantize_linears
 from vectorpress.backends.torch.layers import onednn_supported
@@ -223,7 +223,7 @@ class TorchBackend:
         log.info("attention: %s (%s)", "varlen_attn" if self.varlen else "sdpa", why)
         # Graphs need every layer on varlen_attn; a model that is not finds out on its first
         # capture (`cuda_graphs.py`).
-        pools = spec.kind == "embedding" and not spec.is_splade
+        pools = spec.kind == "embedding" and spec.pooling in POOLED_IN_GRAPHS
         self.graphs = (
             CudaGraphs(
                 model.encoder, device, spec.max_input_length, spec.pooling if pools else None

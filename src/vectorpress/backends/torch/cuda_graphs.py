@@ -106,6 +106,10 @@ class _GraphSequences(PackedSequences):
         raise NotCapturable("a layer groups the batch's sequences by length on the host")
 
 
+#: The poolings `pool_all` does (SPLADE's runs eagerly, on the graph's hidden states).
+POOLED_IN_GRAPHS = ("cls", "mean", "last_token")
+
+
 def pool_all(hidden: torch.Tensor, bounds: torch.Tensor, method: str) -> torch.Tensor:
     """`backends.common.pooling.pool` over every sequence, from the bounds on the device alone
     (no host values, so that a graph can hold it); in the hidden states' dtype, as `pool`."""

@@ -207,3 +207,27 @@ def test_a_pooled_pair_request_is_encoded_in_one_call_as_each_pair_alone(minilm:
         assert any(t == 1 for t in got[0].type_ids) and got[0].truncated
     finally:
         pool.close()
+
+
+def test_wrapped_texts_in_one_call_match_each_text_alone(minilm: Path) -> None:
+    """An LLM reranker's texts between a fixed prefix and suffix, in a request large enough for
+    the pool: the prefix's and suffix's tokens around each text's own, truncated to the room
+    left, as the tokenizer encodes each text alone."""
+    pool = make_pool(minilm, length=24)
+    try:
+        texts = ["a short one", "document words " * 30, "x" * 200, "another document here"]
+        got = asyncio.run(
+            pool.encode_wrapped(texts, prefix="judge this", suffix="yes", truncate=True)
+        )
+        alone = Tokenizer.from_file(str(minilm / "tokenizer.json"))
+        alone.no_padding()
+        head = alone.encode("judge this", add_special_tokens=False).ids
+        tail = alone.encode("yes", add_special_tokens=False).ids
+        alone.enable_truncation(24 - len(head) - len(tail))
+        for text, enc in zip(texts, got, strict=True):
+            want = alone.encode(text)
+            assert enc.ids == [*head, *want.ids, *tail]
+            assert enc.truncated == bool(want.overflowing)
+        assert got[1].truncated and len(got[1].ids) == 24
+    finally:
+        pool.close()

@@ -290,18 +290,20 @@ class TokenizerPool:
                 f"Input validation error: the prompt alone takes {len(head) + len(tail)} of the "
                 f"model's {self.max_input_length} tokens"
             )
+        chars = [len(t) for t in texts]
+        items: list[str | tuple[str, str]] = [
+            self._check_chars(t, truncate, self.max_chars) for t in texts
+        ]
+        tok = self._tokenizer((room, Truncation.RIGHT.value) if truncate else None)
+        try:
+            encs = _encode_all(tok, items)
+        except Exception as exc:
+            raise TokenizerError(f"tokenizer error: {exc}") from exc
         out = []
-        for text in texts:
-            chars = len(text)
-            text = self._check_chars(text, truncate, self.max_chars)
-            tok = self._tokenizer((room, Truncation.RIGHT.value) if truncate else None)
-            try:
-                enc = tok.encode(text, add_special_tokens=True)
-            except Exception as exc:
-                raise TokenizerError(f"tokenizer error: {exc}") from exc
+        for enc, n, item in zip(encs, chars, items, strict=True):
             ids = [*head, *enc.ids, *tail]
-            truncated = bool(enc.overflowing) or chars != len(text)
-            out.append(self._finish(ids, [0] * len(ids), chars, truncate, truncated))
+            truncated = bool(enc.overflowing) or n != _chars(item)
+            out.append(self._finish(ids, [0] * len(ids), n, truncate, truncated))
         return out
 
     def _check_chars(self, text: str, truncate: bool, limit: int) -> str:

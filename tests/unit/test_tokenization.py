@@ -231,3 +231,29 @@ def test_wrapped_texts_in_one_call_match_each_text_alone(minilm: Path) -> None:
         assert got[1].truncated and len(got[1].ids) == 24
     finally:
         pool.close()
+
+
+def test_windows_in_one_call_match_each_text_alone(minilm: Path) -> None:
+    """Long texts (and pairs) cut into overlapping windows in one call: each text's windows as
+    the tokenizer makes them for it alone."""
+    pool = make_pool(minilm, length=16)
+    try:
+        texts = ["one two three " * 12, "short", "alpha beta gamma delta " * 9]
+        alone = Tokenizer.from_file(str(minilm / "tokenizer.json"))
+        alone.no_padding()
+        alone.enable_truncation(16, stride=3)
+        got = asyncio.run(pool.encode_windows(texts, overlap=3))
+        for text, windows in zip(texts, got, strict=True):
+            want = alone.encode(text)
+            assert [w.ids for w in windows] == [want.ids, *(o.ids for o in want.overflowing)]
+            assert [w.chars for w in windows] == [len(text)] + [0] * len(want.overflowing)
+        assert len(got[0]) > 2
+        alone.enable_truncation(16, stride=3, strategy="only_second")
+        pairs = asyncio.run(pool.encode_pair_windows("the query", texts, overlap=3))
+        for text, windows in zip(texts, pairs, strict=True):
+            want = alone.encode("the query", text)
+            assert [(w.ids, w.type_ids) for w in windows] == [
+                (e.ids, e.type_ids) for e in [want, *want.overflowing]
+            ]
+    finally:
+        pool.close()

@@ -253,7 +253,7 @@ class TorchBackend:
         )
 
     def _sequences(self, batch: Batch) -> PackedSequences:
-        """The batch's bounds, read on the host (no wait for the device); `_encode` moves
+        """The batch's bounds, read on the host (no wait for the device); `_on_device` moves
         them to the device."""
         keys = None if batch.key_lengths is None else batch.key_lengths.tolist()
         return PackedSequences(
@@ -268,33 +268,44 @@ class TorchBackend:
     def _encode(
         self, batch: Batch, seqs: PackedSequences | None = None
     ) -> tuple[torch.Tensor, PackedSequences]:
-        dev = self.device
         seqs = self._sequences(batch) if seqs is None else seqs
-        ids, types, positions = (
-            torch.from_numpy(a) for a in (batch.input_ids, batch.token_type_ids, batch.position_ids)
-        )
-        if dev == "cpu":
+        if self.device == "cpu":
+            ids, types, positions = (
+                torch.from_numpy(a)
+                for a in (batch.input_ids, batch.token_type_ids, batch.position_ids)
+            )
             return self.passes.run(self.model.encoder, ids, types, positions, seqs), seqs
-        replayed = self._replay(batch, seqs)
+        return self._on_device(batch, seqs, self._replay(batch, seqs))
+
+    def _on_device(
+        self, batch: Batch, seqs: PackedSequences, replayed: Replayed | None
+    ) -> tuple[torch.Tensor, PackedSequences]:
+        """The batch's hidden states on the GPU: the replayed graph's, or an eager pass's."""
+        dev = self.device
         seqs.cu_seqlens = seqs.cu_seqlens.to(dev)
         if replayed is not None:
             return replayed.hidden, seqs
-        ids, types, positions = (t.to(dev) for t in (ids, types, positions))
+        ids, types, positions = (
+            torch.from_numpy(a).to(dev)
+            for a in (batch.input_ids, batch.token_type_ids, batch.position_ids)
+        )
         return self.model.encoder(ids, types, positions, seqs), seqs
 
     @torch.inference_mode()
     def embed(self, batch: Batch) -> BatchOutput:
         which = list(batch.pooled_indices)
         seqs = self._sequences(batch)
-        if self.graphs is not None and self.graphs.pooling and len(which) == seqs.size:
-            # Every sequence pooled (no per-token outputs): the graph pools them itself.
+        if self.device == "cpu":
+            hidden, seqs = self._encode(batch, seqs)
+        else:
             replayed = self._replay(batch, seqs)
-            if replayed is not None and replayed.pooled is not None:
+            if replayed is not None and replayed.pooled is not None and len(which) == seqs.size:
+                # Every sequence pooled (no per-token outputs): the graph pooled them itself.
                 vectors = replayed.pooled.float()
                 for dense in self.dense:
                     vectors = dense(vectors)
                 return BatchOutput(vectors.cpu().numpy(), [])
-        hidden, seqs = self._encode(batch, seqs)
+            hidden, seqs = self._on_device(batch, seqs, replayed)
         pooled: np.ndarray | None = None
         if which:
             if self.spec.is_splade:

@@ -225,7 +225,7 @@ class TokenizerPool:
     ) -> list[list[Encoding]]:
         """Each item's windows (the tokenizer's overflowing encodings), in one call."""
         try:
-            encs = _encode_all(tok, items, windows=True)
+            encs = _encode_all(tok, items, full=True)
         except Exception as exc:
             raise TokenizerError(f"tokenizer error: {exc}") from exc
         return [
@@ -468,18 +468,19 @@ class TokenizerPool:
         self, inputs: list[str], add_special_tokens: bool, prompt: str | None
     ) -> list[Tokens]:
         tok = self._tokenizer(None)
-        out = []
-        for text in inputs:
-            if not text:
-                raise EmptyError("Input validation error: `inputs` cannot be empty")
-            text = (prompt or "") + text
+        if not all(inputs):
+            raise EmptyError("Input validation error: `inputs` cannot be empty")
+        texts = [(prompt or "") + text for text in inputs]
+        for text in texts:
             self._check_chars(text, False, self.max_chars)
-            try:
-                enc = _encode(tok, text, add_special_tokens=add_special_tokens, offsets=True)
-            except Exception as exc:
-                raise TokenizerError(f"tokenizer error: {exc}") from exc
-            out.append(_tokens(tok, text, enc.ids, enc.offsets, enc.special_tokens_mask))
-        return out
+        try:
+            encs = _encode_all(tok, list(texts), add_special_tokens=add_special_tokens, full=True)
+        except Exception as exc:
+            raise TokenizerError(f"tokenizer error: {exc}") from exc
+        return [
+            _tokens(tok, text, enc.ids, enc.offsets, enc.special_tokens_mask)
+            for text, enc in zip(texts, encs, strict=True)
+        ]
 
     async def decode(self, ids: Sequence[Sequence[int]], *, skip_special_tokens: bool) -> list[str]:
         seqs = [list(i) for i in ids]
@@ -511,55 +512,41 @@ def _size(items: Sequence[str | list[int]], prompt: str | None) -> int:
     return sum(len(i) for i in items) + len(prompt or "") * len(items)
 
 
-def _encode(
-    tok: Tokenizer,
-    first: str,
-    second: str | None = None,
-    *,
-    add_special_tokens: bool,
-    offsets: bool = False,
-) -> TokenizerEncoding:
-    """`tok.encode`, except that a long input goes through the batch call.
-
-    `Tokenizer.encode` and `decode` hold the interpreter lock for their whole run (a quarter of
-    a second for 60,000 CJK characters), which stops the event loop even from a pool thread;
-    the batch calls let go of it. Without offsets (all that embedding needs) it is faster still.
-    """
-    if len(first) + len(second or "") <= INLINE_CHARS:
-        return tok.encode(first, second, add_special_tokens=add_special_tokens)
-    item: str | tuple[str, str] = first if second is None else (first, second)
-    batch = tok.encode_batch if offsets else tok.encode_batch_fast
-    return batch([item], add_special_tokens=add_special_tokens)[0]
-
-
 def _chars(item: str | tuple[str, str]) -> int:
     return len(item) if isinstance(item, str) else len(item[0]) + len(item[1])
 
 
 def _encode_all(
-    tok: Tokenizer, items: list[str | tuple[str, str]], *, windows: bool = False
+    tok: Tokenizer,
+    items: list[str | tuple[str, str]],
+    *,
+    add_special_tokens: bool = True,
+    full: bool = False,
 ) -> list[TokenizerEncoding]:
-    """Texts and (query, passage) pairs with their special tokens: one by one where they are
-    short together (on the event loop: no round trip to a pool thread, `INLINE_CHARS`), else in
-    one batch call, which lets go of the interpreter lock for all its work.
+    """Texts and (query, passage) pairs: one by one where they are short together (on the event
+    loop: no round trip to a pool thread, `INLINE_CHARS`), else in one batch call, which lets go
+    of the interpreter lock for all its work (`Tokenizer.encode` holds it for its whole run: a
+    quarter of a second for 60,000 CJK characters, which stops the event loop even from a pool
+    thread).
 
     One call per text held the lock for each short one, and the GPU's device thread waits for
     that lock between its calls: on an H200 under 32-text requests x 16 in flight, the server
     ran 236-253k tokens/s with one call per request against 205-213k with one per text.
 
-    `windows`: the overflowing encodings are wanted. tokenizers' `encode_batch_fast` gives a
-    pair's overflowing windows the first text's token type throughout (0.23.3; `encode` and
-    `encode_batch` give the second text's), so windows take `encode_batch`.
+    `full`: offsets or overflowing windows are wanted. The batch call without offsets (all
+    that embedding needs) is faster, but it has none, and it gives a pair's overflowing windows
+    the first text's token type throughout (tokenizers 0.23.3; `encode` and `encode_batch` give
+    the second text's).
     """
     if sum(_chars(i) for i in items) <= INLINE_CHARS:
         return [
-            tok.encode(i, add_special_tokens=True)
+            tok.encode(i, add_special_tokens=add_special_tokens)
             if isinstance(i, str)
-            else tok.encode(i[0], i[1], add_special_tokens=True)
+            else tok.encode(i[0], i[1], add_special_tokens=add_special_tokens)
             for i in items
         ]
-    batch = tok.encode_batch if windows else tok.encode_batch_fast
-    return batch(items, add_special_tokens=True)
+    batch = tok.encode_batch if full else tok.encode_batch_fast
+    return batch(items, add_special_tokens=add_special_tokens)
 
 
 def _decode(tok: Tokenizer, ids: list[int], *, skip_special_tokens: bool) -> str:

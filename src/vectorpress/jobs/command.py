@@ -9,10 +9,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from vectorpress.errors import StartupError
+from vectorpress.errors import JobError, StartupError
 from vectorpress.jobs.encodings import ENCODINGS
 from vectorpress.jobs.inputs import FORMATS, Columns, find_inputs
-from vectorpress.jobs.spec import TASKS, JobSpec
+from vectorpress.jobs.spec import AUTO_DTYPE, TASKS, JobSpec
 from vectorpress.settings import ModelSettings
 
 log = logging.getLogger("vectorpress.jobs")
@@ -21,7 +21,7 @@ log = logging.getLogger("vectorpress.jobs")
 MODEL_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--model-id", "model_id", str, "Hub repo id or local folder (default: the bundled model)"),
     ("--revision", "revision", str, "Hub branch, tag or commit"),
-    ("--dtype", "dtype", str, "float32, float16, bfloat16 or int8"),
+    ("--dtype", "dtype", str, "float32, float16, bfloat16 or int8 (not auto)"),
     ("--pooling", "pooling", lambda v: v.replace("-", "_"), "cls, mean, splade or last-token"),
     ("--backend", "backend", str, "auto, torch, hf or onnx"),
     ("--device", "device", str, "auto, cpu or cuda"),
@@ -81,6 +81,8 @@ def model_settings(args: argparse.Namespace) -> ModelSettings:
     from vectorpress.engine import engine_settings
 
     options = {dest: getattr(args, dest) for _, dest, _, _ in MODEL_FLAGS}
+    if options["dtype"] == "auto":
+        raise JobError(AUTO_DTYPE)
     model_id = options.pop("model_id")
     # Jobs send any number of inputs per call; the engine cuts them into requests this size.
     options["max_client_batch_size"] = 256

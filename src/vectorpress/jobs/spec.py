@@ -26,6 +26,12 @@ MODEL_FIELDS = (
     "backend",
 )
 
+# A job's vectors must not depend on which machine ran a shard, nor a rerun's on its machine.
+AUTO_DTYPE = (
+    "--dtype auto picks per machine; a job names its dtype (float32, bfloat16, ...) so that "
+    "every shard, on any worker, and any rerun compute the same vectors"
+)
+
 
 @dataclass(frozen=True)
 class JobSpec:
@@ -109,6 +115,8 @@ def model_fingerprint(folder: Path) -> str:
 def model_record(
     settings: ModelSettings, folder: Path, kind: str, dimension: int
 ) -> dict[str, Any]:
+    if settings.dtype == "auto":
+        raise JobError(AUTO_DTYPE)
     record: dict[str, Any] = {name: getattr(settings, name) for name in MODEL_FIELDS}
     record["fingerprint"] = model_fingerprint(folder)
     record["kind"] = kind

@@ -1,0 +1,140 @@
+"""--dtype auto: bfloat16 where the CPU multiplies it natively and the model's vectors hold it
+(checked at start-up on the calibration texts), float32 otherwise."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from bench.corpus import corpus
+
+from tests.helpers.reference import assert_close_vectors, st_encode
+from tests.helpers.server import LiveServer
+from vectorpress.backends import dtype_choice
+from vectorpress.backends.common.calibration import calibration_batch
+from vectorpress.backends.select import select_backend
+from vectorpress.cpus import native_bf16
+from vectorpress.errors import StartupError
+from vectorpress.model_spec import load_model_spec
+from vectorpress.settings import Settings
+
+
+def test_auto_over_http_serves_bfloat16_where_the_cpu_has_it(
+    minilm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # MiniLM's calibration vectors sit at 0.99993 on an AMX Xeon, close to the check's bound:
+    # the corpus bound here keeps the test about serving, not about one CPU's last bits.
+    monkeypatch.setattr(dtype_choice, "CHECK_BOUND", dtype_choice.CORPUS_BOUND)
+    texts = ["what is the capital of Australia", *corpus(12, seed=5)]
+    want = st_encode(minilm, texts)
+    with LiveServer(Settings.single(str(minilm), dtype="auto")) as server:
+        info = httpx.get(f"{server.url}/info").json()
+        got = httpx.post(f"{server.url}/embed", json={"inputs": texts}, timeout=30).json()
+    if native_bf16():
+        assert info["model_dtype"] == "bfloat16"
+        assert not np.allclose(got, want, atol=1e-6), "float32 vectors, not bfloat16"
+        assert_close_vectors(got, want, min_cos=0.999, what="--dtype auto (bf16) vs ST fp32")
+    else:
+        assert info["model_dtype"] == "float32"
+        assert_close_vectors(got, want, what="--dtype auto (fp32) vs ST fp32")
+
+
+def test_the_check_takes_bfloat16_when_the_calibration_vectors_hold(
+    minilm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Run the check on any CPU (emulated bf16 is slower, not less exact), against the corpus
+    # bound (see above).
+    monkeypatch.setattr(dtype_choice, "native_bf16", lambda: True)
+    monkeypatch.setattr(dtype_choice, "CHECK_BOUND", dtype_choice.CORPUS_BOUND)
+    settings = Settings.single(str(minilm), dtype="auto")
+    spec = load_model_spec(minilm, settings.model)
+    chosen = select_backend(spec, settings.model)
+    assert chosen.dtype == "bfloat16"
+    fp32 = select_backend(spec, Settings.single(str(minilm), dtype="float32").model)
+    batch = calibration_batch(spec)
+    worst = dtype_choice.lowest_cosine(fp32.embed(batch).pooled, chosen.embed(batch).pooled)
+    assert dtype_choice.CHECK_BOUND <= worst < 1.0
+
+
+def test_the_check_keeps_float32_when_bfloat16_moves_a_vector_past_the_bound(
+    minilm: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(dtype_choice, "native_bf16", lambda: True)
+    # MiniLM's bfloat16 calibration vectors reach 0.9999x, never this.
+    monkeypatch.setattr(dtype_choice, "CHECK_BOUND", 0.9999999)
+    settings = Settings.single(str(minilm), dtype="auto")
+    spec = load_model_spec(minilm, settings.model)
+    with caplog.at_level(logging.WARNING, logger=dtype_choice.__name__):
+        chosen = select_backend(spec, settings.model)
+    assert chosen.dtype == "float32"
+    assert "moved a calibration text's vector to cosine 0.99" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("native", "options", "reason"),
+    [
+        (False, {}, "no AVX512-BF16 or AMX"),
+        (True, {"task": "reranker"}, "reranker's scores have no accuracy bound"),
+        (True, {"task": "classifier"}, "classifier's scores have no accuracy bound"),
+    ],
+)
+def test_auto_keeps_float32_where_bfloat16_cannot_be_checked(
+    tiny_bert_family: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    native: bool,
+    options: dict[str, str],
+    reason: str,
+) -> None:
+    monkeypatch.setattr(dtype_choice, "native_bf16", lambda: native)
+    folder = tiny_bert_family(**options)
+    settings = Settings.single(str(folder), dtype="auto")
+    spec = load_model_spec(folder, settings.model)
+    with caplog.at_level(logging.INFO, logger=dtype_choice.__name__):
+        chosen = select_backend(spec, settings.model)
+    assert chosen.dtype == "float32"
+    assert reason in caplog.text
+
+
+def test_backends_without_bfloat16_and_per_token_outputs_are_refused_the_check(
+    tiny_bert_family: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dtype_choice, "native_bf16", lambda: True)
+    folder = tiny_bert_family()
+    spec = load_model_spec(folder, Settings.single(str(folder)).model)
+    assert dtype_choice.refusal(spec, "cpu", "onnx") == "--backend onnx runs no bfloat16"
+    assert dtype_choice.refusal(spec, "cpu", "torch") is None
+    assert dtype_choice.refusal(spec, "cpu", "openvino") is None
+
+
+def test_lowest_cosine_is_the_worst_row() -> None:
+    a = np.array([[1.0, 0.0], [0.0, 2.0], [3.0, 4.0]], dtype=np.float32)
+    b = np.array([[1.0, 0.0], [1.0, 1.0], [6.0, 8.0]], dtype=np.float32)
+    assert dtype_choice.lowest_cosine(a, b) == pytest.approx(2**-0.5)
+    assert dtype_choice.lowest_cosine(a, a) == pytest.approx(1.0)
+
+
+def test_a_batch_job_refuses_auto(tmp_path: Path) -> None:
+    # A job's shards may run on different machines: auto could give them different dtypes.
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "hello"}\n')
+    run = subprocess.run(
+        [sys.executable, "-m", "vectorpress", "embed", str(source), "--output",
+         str(tmp_path / "out"), "--dtype", "auto"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert run.returncode == 1
+    assert "--dtype auto picks per machine" in run.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_auto_is_a_dtype_the_settings_accept(minilm: Path) -> None:
+    assert Settings.single(str(minilm), dtype="auto").model.dtype == "auto"
+    with pytest.raises(StartupError, match="auto"):
+        Settings.single(str(minilm), dtype="automatic")

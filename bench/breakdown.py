@@ -56,12 +56,15 @@ def gemm_flops_per_token(config: dict[str, Any]) -> float:
     return float(layers * 2 * (4 * h * h + 2 * h * i))
 
 
-def pass_profile(model: Path, texts: list[str], dtype: str, max_length: int) -> dict[str, Any]:
-    """The torch backend's pass over `texts` (cut at `max_length` tokens) in `dtype`: tokens/s
+def pass_profile(
+    model: Path, texts: list[str], dtype: str, limit: int | None = None
+) -> dict[str, Any]:
+    """The torch backend's pass over `texts` (cut at `limit` tokens, default the model's
+    max_length) in `dtype`: tokens/s
     unprofiled (the better of two runs), then one profiled run's shares and its GEMMs' rate
     (GFLOP/s while they ran)."""
     import torch
-    from tokenizers import Tokenizer
+    from bench.tokens import bench_tokenizer
 
     from vectorpress.backends.select import select_backend
     from vectorpress.model_spec import load_model_spec
@@ -71,9 +74,7 @@ def pass_profile(model: Path, texts: list[str], dtype: str, max_length: int) -> 
     settings = Settings.single(str(model), backend="torch", dtype=dtype)
     spec = load_model_spec(model, settings.model)
     engine = select_backend(spec, settings.model)
-    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
-    tok.no_padding()
-    tok.enable_truncation(max_length)
+    tok = bench_tokenizer(model, limit)
     encodings = [
         Encoding(ids=e.ids, type_ids=e.type_ids, position_offset=spec.position_offset)
         for e in tok.encode_batch(texts)

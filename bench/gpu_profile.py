@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.corpus import corpus  # noqa: E402
-from bench.run import bench_tokenizer, package_folder  # noqa: E402
+from bench.run import package_folder  # noqa: E402
+from bench.tokens import bench_tokenizer  # noqa: E402
 
 from vectorpress.backends.torch.backend import TorchBackend  # noqa: E402
 from vectorpress.model_spec import load_model_spec  # noqa: E402

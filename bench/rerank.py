@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.corpus import corpus, kind
+from bench.tokens import bench_tokenizer
 
 PER_QUERY = 20
 
@@ -68,12 +69,8 @@ def rerank_queries(n: int, seed: int = 0) -> list[tuple[str, list[str]]]:
 
 
 def pair_lengths(folder: Path, queries: list[tuple[str, list[str]]]) -> list[list[int]]:
-    """Tokens of each query's pairs, pair by pair (truncated at 512 per pair)."""
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tok.no_padding()
-    tok.enable_truncation(512)
+    """Tokens of each query's pairs, pair by pair (truncated at the model's max_length, 512)."""
+    tok = bench_tokenizer(folder)
     return [
         [len(e.ids) for e in tok.encode_batch([(q, p) for p in passages])]
         for q, passages in queries

@@ -81,6 +81,7 @@ from bench.client import (  # noqa: E402
 )
 from bench.corpus import SHORT_QUERY, corpus  # noqa: E402
 from bench.report import Result, Suite, write_report  # noqa: E402
+from bench.tokens import bench_tokenizer  # noqa: E402
 
 from vectorpress.backends.onnx.export import cached_graph, servable_folder  # noqa: E402
 from vectorpress.cpus import available_cpus, cpu_flags, cpu_info  # noqa: E402
@@ -211,25 +212,6 @@ def ceiling_for(folder: Path, counts: list[int]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- in-process references
-
-
-def max_length(model: Path) -> int:
-    """The input limit sentence-transformers applies (its max_seq_length), else the model's."""
-    st = model / "sentence_bert_config.json"
-    if st.is_file():
-        return int(json.loads(st.read_text())["max_seq_length"])
-    return int(json.loads((model / "config.json").read_text()).get("max_position_embeddings", 512))
-
-
-def bench_tokenizer(model: Path) -> Any:
-    """The model's own tokenizer as the benchmarks count tokens: no padding, truncated at the
-    model's max_length."""
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
-    tok.no_padding()
-    tok.enable_truncation(max_length(model))
-    return tok
 
 
 def tokenizer_for(model: Path) -> Callable[[list[str]], list[int]]:
@@ -798,7 +780,7 @@ def main() -> None:
     meta["bare_forward_ms"] = bare_forward_ms(model)
     log(f"bare forward of the short query: {meta['bare_forward_ms']:.2f} ms")
     meta["profile"] = [
-        pass_profile(model, main_suite.texts[:PROFILE_TEXTS], dtype, max_length(model))
+        pass_profile(model, main_suite.texts[:PROFILE_TEXTS], dtype)
         for dtype in ("float32", "bfloat16")
         if main_suite.ceiling["fp32_gflops" if dtype == "float32" else "bf16_gflops"]
     ]

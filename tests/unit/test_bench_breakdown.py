@@ -63,7 +63,7 @@ def test_the_profile_runs_the_torch_backend_and_splits_all_its_time(
 ) -> None:
     folder = tiny_bert_family()
     texts = ["a short one", "a somewhat longer text about the weather " * 3] * 40
-    got = pass_profile(folder, texts, "float32", max_length=64)
+    got = pass_profile(folder, texts, "float32", limit=64)
     assert got["tokens"] > len(texts) and got["tokens_per_s"] > 0
     assert got["gemm"] > 0 and got["attention"] > 0
     assert got["gemm"] + got["attention"] + got["other"] == pytest.approx(1.0)

@@ -7,7 +7,7 @@ import random
 
 import numpy as np
 
-from vectorpress.backends.common.buckets import buckets, padded_inputs
+from vectorpress.backends.common.buckets import buckets, octave_bucket, padded_inputs
 from vectorpress.types import Batch
 
 
@@ -53,3 +53,14 @@ def test_padded_inputs_hold_out_what_a_sequence_does_not_attend_to() -> None:
     assert inputs["attention_mask"].tolist() == [[1, 1, 1, 0, 0], [1, 1, 0, 0, 0]]
     whole = padded_inputs(Batch(**{**batch.__dict__, "key_lengths": None}), [0, 1])
     assert whole["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
+
+
+def test_octave_buckets_pad_at_most_one_step_and_keep_few_shapes() -> None:
+    for steps, least in ((4, 64), (8, 1)):
+        sizes = {octave_bucket(n, steps, least) for n in range(1, 16_385)}
+        for n in range(1, 16_385):
+            got = octave_bucket(n, steps, least)
+            assert n <= got <= max(n + least - 1, n + n // steps)
+        # `steps` sizes per power of two above the least step's range.
+        assert len([s for s in sizes if 8192 < s <= 16_384]) == steps
+    assert octave_bucket(65, 4, 64) == 128 and octave_bucket(300, 4, 64) == 320

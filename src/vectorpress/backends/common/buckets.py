@@ -11,6 +11,14 @@ import numpy as np
 
 from vectorpress.types import Batch
 
+
+def octave_bucket(n: int, steps: int, least: int = 1) -> int:
+    """`n` rounded up to one of `steps` sizes per power of two (a step of at least `least`):
+    a bounded set of shapes, at most 1/steps of padding."""
+    step = max(least, (1 << (max(n, 1).bit_length() - 1)) // steps)
+    return -(-n // step) * step
+
+
 # What one extra forward call costs, in padded tokens: the per-call overhead of ONNX Runtime or
 # of transformers' modules on a CPU is a few hundred microseconds, about the time of this many
 # tokens of a small encoder.

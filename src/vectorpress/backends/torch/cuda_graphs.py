@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vectorpress.backends.common.buckets import octave_bucket
 from vectorpress.backends.common.sequences import LengthGroup, PackedSequences
 from vectorpress.backends.preemption import installed
 
@@ -57,8 +58,7 @@ _STEPS_PER_OCTAVE = 4
 
 def token_bucket(tokens: int) -> int:
     """The token count a pass of `tokens` runs at."""
-    step = max(MIN_TOKENS, (1 << (max(tokens, 1).bit_length() - 1)) // _STEPS_PER_OCTAVE)
-    return -(-tokens // step) * step
+    return octave_bucket(tokens, _STEPS_PER_OCTAVE, MIN_TOKENS)
 
 
 def _pow2(n: int, least: int) -> int:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from vectorpress.backends.common.buckets import octave_bucket
 from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.backends.common.threads import num_threads
 from vectorpress.backends.torch.layers import onednn_linears
@@ -64,7 +65,7 @@ def bucket_rows(rows: int) -> int:
     elif rows < SMALL_PASS_TOKENS:
         step = _SMALL_ROW_STEP
     else:
-        step = (1 << (rows.bit_length() - 1)) // _ROW_STEPS_PER_OCTAVE
+        return octave_bucket(rows, _ROW_STEPS_PER_OCTAVE)
     return -(-rows // step) * step
 
 

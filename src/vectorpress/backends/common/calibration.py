@@ -45,17 +45,20 @@ def smoothing(weight: torch.Tensor, amax: torch.Tensor | None, alpha: float) -> 
     return amax.float().clamp_min(1e-5) ** alpha / (w.abs().amax(0).clamp_min(1e-5) ** (1 - alpha))
 
 
-def calibration_batch(spec: ModelSpec) -> Batch:
+def calibration_encodings(spec: ModelSpec) -> list[Encoding]:
+    """The packaged calibration texts, tokenized for `spec` (truncated at its input limit)."""
     path = spec.path / "tokenizer.json"
     if not path.is_file():
-        raise StartupError(f"{spec.path} has no tokenizer.json to calibrate --dtype int8 with")
+        raise StartupError(f"{spec.path} has no tokenizer.json to calibrate with")
     tok = Tokenizer.from_file(str(path))
     tok.no_padding()
     tok.enable_truncation(spec.max_input_length)
     texts = [t for t in CALIBRATION.read_text(encoding="utf-8").splitlines() if t.strip()]
-    return Batch.from_encodings(
-        [
-            Encoding(ids=e.ids, type_ids=e.type_ids, position_offset=spec.position_offset)
-            for e in tok.encode_batch(texts)
-        ]
-    )
+    return [
+        Encoding(ids=e.ids, type_ids=e.type_ids, position_offset=spec.position_offset)
+        for e in tok.encode_batch(texts)
+    ]
+
+
+def calibration_batch(spec: ModelSpec) -> Batch:
+    return Batch.from_encodings(calibration_encodings(spec))

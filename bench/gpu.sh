@@ -49,12 +49,15 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 "$run" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 # The CUDA tests (FlashAttention through varlen_attn, half-precision models against the CPU's
 # float32, CUDA graphs against the eager pass), parity and throughput against
-# sentence-transformers, a pass by batch size with graphs off and on, then the server over HTTP;
+# sentence-transformers, a pass by batch size with graphs off and on, the host's tokenization by
+# thread count, then the server over HTTP;
 # each runs, any one fails it. $VP_GPU_OUT, where set, receives the HTTP figures as JSON.
 status=0
 HF_HUB_OFFLINE=1 "$run" -m pytest -q -p no:cacheprovider tests/models/test_cuda.py \
     tests/unit/test_cuda_graphs.py || status=$?
 HF_HUB_OFFLINE=1 "$run" bench/gpu_check.py "${1:-4000}" || status=$?
 HF_HUB_OFFLINE=1 "$run" bench/gpu_profile.py 2>&1 | grep -v '^USDT:' || status=$?
+# The host's tokenizer threads: CPU per text by thread count and malloc arena cap.
+"$run" bench/tokenize_threads.py || status=$?
 HF_HUB_OFFLINE=1 "$run" bench/gpu_serve.py "${1:-4000}" --trace ${VP_GPU_OUT:+--out "$VP_GPU_OUT"} || status=$?
 exit "$status"

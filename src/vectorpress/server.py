@@ -206,6 +206,21 @@ def warm_up(backend: Backend, spec: ModelSpec, settings: ModelSettings) -> None:
 BackendFactory = Callable[[ModelSpec, ModelSettings], Backend]
 
 
+def malloc_arenas(tokenizer_threads: int) -> int:
+    """glibc malloc arenas for a server with `tokenizer_threads`: one for each thread that
+    allocates much (the tokenizer pool's, the event loop, the model thread).
+
+    Fewer arenas than threads allocating at once makes the threads queue on the arenas' locks:
+    on 2 cores (bench/tokenize_threads.py), 4 threads tokenizing through 2 arenas took 1.04-1.54x
+    the CPU per text of one thread (up to a sixth of it in the kernel), 8 threads 1.25-1.27x; with
+    one arena per thread 1.00-1.09x, as with glibc's default. A 16-core GPU host's 15 tokenizer
+    threads, on the 2 arenas the server kept before, spent about 10x a lone thread's CPU per
+    text under load (bench/results/gpu.md). More arenas than threads only fragment memory
+    further; one arena or two drew the same memory curve in the soak runs (docs/reliability.md).
+    """
+    return max(2, tokenizer_threads + 2)
+
+
 def load(
     config: Settings,
     make_backend: BackendFactory = select_backend,
@@ -215,7 +230,7 @@ def load(
     """Load, warm up and start every model, in order; if one fails, those already started are
     stopped and start-up fails with one line naming the model. `threads`: torch's intra-op
     threads (default: every core); an in-process engine that shares the machine sets fewer."""
-    limit_malloc_arenas()
+    limit_malloc_arenas(malloc_arenas(sum(m.tokenization_workers for m in config.models)))
     torch.set_num_threads(threads or available_cpus())
     server = config.server
     registry = Registry()

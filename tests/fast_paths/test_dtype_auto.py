@@ -160,9 +160,9 @@ def test_backends_without_bfloat16_and_per_token_outputs_are_refused_the_check(
     monkeypatch.setattr(dtype_choice, "native_bf16", lambda: True)
     folder = tiny_bert_family()
     spec = load_model_spec(folder, Settings.single(str(folder)).model)
-    assert dtype_choice.refusal(spec, "cpu", "onnx") == "--backend onnx runs no bfloat16"
-    assert dtype_choice.refusal(spec, "cpu", "torch") is None
-    assert dtype_choice.refusal(spec, "cpu", "openvino") is None
+    assert dtype_choice.refusal(spec, "onnx") == "--backend onnx runs no bfloat16"
+    assert dtype_choice.refusal(spec, "torch") is None
+    assert dtype_choice.refusal(spec, "openvino") is None
 
 
 def test_lowest_cosine_is_the_worst_row() -> None:

@@ -49,7 +49,7 @@ def lowest_cosine(reference: np.ndarray, candidate: np.ndarray) -> float:
     return float(cos.min())
 
 
-def refusal(spec: ModelSpec, device: str, backend: str) -> str | None:
+def refusal(spec: ModelSpec, backend: str) -> str | None:
     """Why bfloat16 cannot be tried for this model here, or None if it can be."""
     if not native_bf16():
         return "this CPU has no AVX512-BF16 or AMX (bfloat16 would run emulated, slower)"
@@ -69,7 +69,7 @@ def choose(spec: ModelSpec, device: str, backend: str, build: Build) -> Backend:
     if device != "cpu":
         log.info("--dtype auto on %s: the backend's default for the device", device)
         return build(None)
-    why = refusal(spec, device, backend)
+    why = refusal(spec, backend)
     if why is not None:
         log.info("--dtype auto: float32, as %s", why)
         return build("float32")

@@ -204,13 +204,12 @@ def _values(output: BatchOutput, batch: Batch, n: int) -> list[Any]:
 _M_ARENA_MAX = -8  # glibc's mallopt parameter number
 
 
-def limit_malloc_arenas(arenas: int = 2) -> None:
+def limit_malloc_arenas(arenas: int) -> None:
     """Cap glibc's malloc arenas for threads created from now on.
 
-    glibc gives each new thread its own arena (up to 8 per core); with tokenizer threads, the
-    event loop, the worker and torch's pool all allocating tensors of ever-different sizes,
-    each arena fragments separately and resident memory climbs under steady traffic
-    (bench/soak.py measures it).
+    glibc gives each new thread its own arena (up to 8 per core); with the event loop, the
+    worker and torch's pool all allocating tensors of ever-different sizes, each arena fragments
+    separately, so the server keeps to one per thread that allocates much (`server.malloc_arenas`).
     """
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, arenas)

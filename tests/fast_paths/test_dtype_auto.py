@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -163,6 +164,27 @@ def test_backends_without_bfloat16_and_per_token_outputs_are_refused_the_check(
     assert dtype_choice.refusal(spec, "onnx") == "--backend onnx runs no bfloat16"
     assert dtype_choice.refusal(spec, "torch") is None
     assert dtype_choice.refusal(spec, "openvino") is None
+
+
+def test_auto_falls_back_to_float32_when_bfloat16_will_not_run(
+    minilm: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(dtype_choice, "native_bf16", lambda: True)
+    settings = Settings.single(str(minilm), dtype="auto")
+    spec = load_model_spec(minilm, settings.model)
+    built: list[str | None] = []
+
+    def build(dtype: str | None) -> Any:
+        built.append(dtype)
+        if dtype == "bfloat16":
+            raise StartupError("this plugin compiles no bf16")
+        return select_backend(spec, replace(settings.model, dtype=dtype))
+
+    with caplog.at_level(logging.WARNING, logger=dtype_choice.__name__):
+        chosen = dtype_choice.choose(spec, "cpu", "torch", build)
+    assert chosen.dtype == "float32"
+    assert built == ["float32", "bfloat16", "float32"]
+    assert "bfloat16 did not run here: this plugin compiles no bf16" in caplog.text
 
 
 def test_lowest_cosine_is_the_worst_row() -> None:

@@ -25,6 +25,7 @@ import numpy as np
 
 from vectorpress.backends.base import Backend
 from vectorpress.cpus import native_bf16
+from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec
 from vectorpress.types import Batch, OutputKind
 
@@ -84,8 +85,15 @@ def choose(spec: ModelSpec, device: str, backend: str, build: Build) -> Backend:
     # One model in memory at a time: the float32 one goes before the bfloat16 one loads.
     del reference
     gc.collect()
-    candidate = build("bfloat16")
-    got = candidate.embed(batch)
+    try:
+        candidate = build("bfloat16")
+        got = candidate.embed(batch)
+    except (StartupError, RuntimeError) as exc:
+        # A backend or build that cannot run bfloat16 here after all (a plugin without it):
+        # float32 serves, as it would without the flag.
+        log.warning("--dtype auto: float32, as bfloat16 did not run here: %s", exc)
+        gc.collect()
+        return build("float32")
     if expected.pooled is None or got.pooled is None:  # refusal() rules this out
         raise RuntimeError("the calibration pass gave no pooled vectors")
     pooled = lowest_cosine(expected.pooled, got.pooled)

@@ -454,6 +454,46 @@ def profile_lines(profile: list[dict[str, Any]], suite: Suite) -> list[str]:
     return [*lines, ""]
 
 
+#: The bf16 method whose corpus cosines stand beside `--dtype auto`'s check, by backend.
+BF16_METHOD = {"torch": "vectorpress bf16", "openvino": "vectorpress openvino bf16"}
+
+
+def auto_lines(checks: list[dict[str, Any]], suites: list[Suite]) -> list[str]:
+    """`--dtype auto`'s start-up check for each model and backend, beside the lowest cosine
+    this run's bf16 server of that backend reached over the corpus: the rule may keep float32
+    where bf16 would have held, never the reverse."""
+    if not checks:
+        return []
+    lines = [
+        "## `--dtype auto`",
+        "",
+        "What the start-up check measures on the 38 calibration texts (lowest cosine of bf16 "
+        "to fp32 over their tokens' last hidden states, bound 0.9995, and over their vectors, "
+        "bound 0.999), what it picks, and the lowest cosine to fp32 this run's bf16 server of "
+        "the same backend reached over every corpus text.",
+        "",
+        "| model | backend | calibration tokens / vectors | picks | bf16 corpus lowest cos | "
+        "rule holds |",
+        "|---|---|---|---|---|---|",
+    ]
+    by_label = {s.label: s for s in suites}
+    for c in checks:
+        suite = by_label.get(c["model"])
+        found = find(suite.results, BF16_METHOD[c["backend"]]) if suite else None
+        corpus = found.cos_min if found else math.nan
+        if math.isnan(corpus):
+            holds = "-"
+        elif c["picks"] == "bfloat16":
+            holds = "yes" if corpus >= 0.999 else "**no**"
+        else:
+            holds = "yes (float32)" if corpus < 0.999 else "yes (float32, bf16 held)"
+        lines.append(
+            f"| {c['model']} | {c['backend']} | {c['tokens']:.5f} / {c['vectors']:.5f} | "
+            f"{c['picks']} | {'-' if math.isnan(corpus) else f'{corpus:.5f}'} | {holds} |"
+        )
+    return [*lines, ""]
+
+
 def write_report(
     suites: list[Suite], rerank: dict[str, Any] | None, meta: dict[str, Any], out: Path
 ) -> str:
@@ -494,6 +534,7 @@ def write_report(
     if rerank:
         lines += [*rerank_table(rerank), ""]
     lines += profile_lines(meta.get("profile") or [], suites[0])
+    lines += auto_lines(meta.get("auto") or [], suites)
     lines += [
         f"Bare forward pass of the short query ({suites[0].label}, torch fp32, in-process): "
         f"{meta['bare_forward_ms']:.2f} ms p50. Short-query latency: one request at a time on "

@@ -58,7 +58,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -250,6 +250,42 @@ def query_tokens(model: Path) -> Any:
     tok = Tokenizer.from_file(str(model / "tokenizer.json"))
     tok.no_padding()  # some tokenizer.json files pad every input to a fixed length
     return tok.encode(SHORT_QUERY)
+
+
+def auto_checks(suites: list[Suite], backends: list[str]) -> list[dict[str, Any]]:
+    """What `--dtype auto` measures and picks for each model on each backend (the server's own
+    rule, `backends/dtype_choice.py`), to set beside this run's bf16 corpus cosines."""
+    import gc
+
+    from vectorpress.backends import dtype_choice
+    from vectorpress.backends.select import select_backend
+    from vectorpress.cpus import native_bf16
+    from vectorpress.model_spec import load_model_spec
+    from vectorpress.settings import ModelSettings
+
+    if not native_bf16():
+        return []
+    out = []
+    for suite in suites:
+        for backend in backends:
+            settings = ModelSettings(str(suite.folder), backend=backend)
+            spec = load_model_spec(suite.folder, settings)
+            batch = dtype_choice.check_batch(spec)
+            outputs = []
+            for dtype in ("float32", "bfloat16"):
+                engine = select_backend(spec, replace(settings, dtype=dtype))
+                outputs.append(engine.embed(batch))
+                del engine
+                gc.collect()
+            tokens, vectors = dtype_choice.compare(*outputs)
+            picks = "bfloat16" if dtype_choice.holds(tokens, vectors) else "float32"
+            out.append(
+                {"model": suite.label, "backend": backend, "tokens": tokens, "vectors": vectors,
+                 "picks": picks}
+            )  # fmt: skip
+            log(f"--dtype auto on {suite.label}, {backend}: tokens {tokens:.5f}, vectors "
+                f"{vectors:.5f} -> {picks}")  # fmt: skip
+    return out
 
 
 def bare_forward_ms(
@@ -790,6 +826,8 @@ def main() -> None:
             f"{prof['gemm']:.0%}, attention {prof['attention']:.0%}, other {prof['other']:.0%}"
         )
 
+    openvino = not args.no_openvino and importlib.util.find_spec("openvino") is not None
+    meta["auto"] = auto_checks(suites, ["torch", *(["openvino"] if openvino else [])])
     chosen = methods(args, bool(main_suite.ceiling["bf16_gflops"]))
     rounds: list[list[list[Result]]] = []
     for i in range(max(1, args.rounds)):

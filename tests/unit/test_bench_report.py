@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 from bench.corpus import corpus, kind
-from bench.report import Result, Suite, append_history, history_rows, targets, widen
+from bench.report import (
+    Result,
+    Suite,
+    append_history,
+    auto_lines,
+    history_rows,
+    targets,
+    widen,
+)
 from bench.rerank import PER_QUERY, rerank_queries
 
 CEILING = {"fp32_gflops": 100.0, "bf16_gflops": 200.0, "flops_per_token": 1e7, "gemm_shape": "-"}
@@ -289,3 +297,24 @@ def test_the_machine_line_names_the_cpu_and_its_vector_units(
     monkeypatch.setattr(run, "cpu_info", dict)
     monkeypatch.setattr(run, "cpu_flags", frozenset)
     assert run.cpu_name().endswith(", no AVX2")
+
+
+def test_the_auto_table_flags_a_bf16_pick_the_corpus_does_not_hold() -> None:
+    results = suite(
+        served("vectorpress bf16", 1, 1, cos=0.9992),
+        served("vectorpress openvino bf16", 1, 1, cos=0.9988),
+    )
+    checks = [
+        {"model": "m", "backend": "torch", "tokens": 0.9997, "vectors": 0.9999,
+         "picks": "bfloat16"},
+        {"model": "m", "backend": "openvino", "tokens": 0.9987, "vectors": 0.9998,
+         "picks": "float32"},
+    ]  # fmt: skip
+    rows = [line for line in auto_lines(checks, [results]) if line.startswith("| m |")]
+    assert rows == [
+        "| m | torch | 0.99970 / 0.99990 | bfloat16 | 0.99920 | yes |",
+        "| m | openvino | 0.99870 / 0.99980 | float32 | 0.99880 | yes (float32) |",
+    ]
+    checks[1]["picks"] = "bfloat16"  # a rule that let OpenVINO's bf16 through
+    assert "| **no** |" in auto_lines(checks, [results])[-2]
+    assert auto_lines([], [results]) == []

@@ -27,7 +27,7 @@ from vectorpress.backends.base import Backend
 from vectorpress.cpus import native_bf16
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec
-from vectorpress.types import Batch, OutputKind
+from vectorpress.types import Batch, BatchOutput, OutputKind
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,28 @@ def refusal(spec: ModelSpec, backend: str) -> str | None:
     return None
 
 
+def check_batch(spec: ModelSpec) -> Batch:
+    """The calibration texts, each twice: for its pooled vector and its tokens' hidden states."""
+    from vectorpress.backends.common.calibration import calibration_encodings
+
+    encodings = calibration_encodings(spec)
+    n = len(encodings)
+    return Batch.from_encodings(encodings * 2, [OutputKind.POOLED] * n + [OutputKind.RAW] * n)
+
+
+def compare(expected: BatchOutput, got: BatchOutput) -> tuple[float, float]:
+    """The lowest cosine over the tokens' hidden states, and over the pooled vectors."""
+    if expected.pooled is None or got.pooled is None:  # refusal() rules this out
+        raise RuntimeError("the calibration pass gave no pooled vectors")
+    tokens = lowest_cosine(np.concatenate(expected.raw), np.concatenate(got.raw))
+    return tokens, lowest_cosine(expected.pooled, got.pooled)
+
+
+def holds(tokens: float, pooled: float) -> bool:
+    """Whether bfloat16 keeps what the calibration texts measured within the bounds."""
+    return tokens >= TOKEN_BOUND and pooled >= CORPUS_BOUND
+
+
 def choose(spec: ModelSpec, device: str, backend: str, build: Build) -> Backend:
     """The backend built in the dtype `--dtype auto` picks for `spec` on `device`.
 
@@ -74,12 +96,7 @@ def choose(spec: ModelSpec, device: str, backend: str, build: Build) -> Backend:
     if why is not None:
         log.info("--dtype auto: float32, as %s", why)
         return build("float32")
-    from vectorpress.backends.common.calibration import calibration_encodings
-
-    encodings = calibration_encodings(spec)
-    n = len(encodings)
-    # Each text twice: its pooled vector, and its tokens' last hidden states.
-    batch = Batch.from_encodings(encodings * 2, [OutputKind.POOLED] * n + [OutputKind.RAW] * n)
+    batch = check_batch(spec)
     reference = build("float32")
     expected = reference.embed(batch)
     # One model in memory at a time: the float32 one goes before the bfloat16 one loads.
@@ -94,13 +111,11 @@ def choose(spec: ModelSpec, device: str, backend: str, build: Build) -> Backend:
         log.warning("--dtype auto: float32, as bfloat16 did not run here: %s", exc)
         gc.collect()
         return build("float32")
-    if expected.pooled is None or got.pooled is None:  # refusal() rules this out
-        raise RuntimeError("the calibration pass gave no pooled vectors")
-    pooled = lowest_cosine(expected.pooled, got.pooled)
-    tokens = lowest_cosine(np.concatenate(expected.raw), np.concatenate(got.raw))
+    tokens, pooled = compare(expected, got)
+    n = batch.size // 2
     held = f"over {n} calibration texts: tokens {tokens:.5f}, vectors {pooled:.5f}"
     bounds = f"bounds {TOKEN_BOUND} and {CORPUS_BOUND}"
-    if tokens >= TOKEN_BOUND and pooled >= CORPUS_BOUND:
+    if holds(tokens, pooled):
         log.info("--dtype auto: bfloat16 (lowest cosine to float32 %s; %s)", held, bounds)
         return candidate
     log.warning("--dtype auto: float32, as bfloat16 moved %s (%s)", held, bounds)

@@ -270,14 +270,10 @@ def auto_checks(suites: list[Suite], backends: list[str]) -> list[dict[str, Any]
         for backend in backends:
             settings = ModelSettings(str(suite.folder), backend=backend)
             spec = load_model_spec(suite.folder, settings)
-            batch = dtype_choice.check_batch(spec)
-            outputs = []
-            for dtype in ("float32", "bfloat16"):
-                engine = select_backend(spec, replace(settings, dtype=dtype))
-                outputs.append(engine.embed(batch))
-                del engine
-                gc.collect()
-            tokens, vectors = dtype_choice.compare(*outputs)
+            build = lambda dtype: select_backend(spec, replace(settings, dtype=dtype))  # noqa: E731, B023
+            engine, tokens, vectors = dtype_choice.measure(dtype_choice.check_batch(spec), build)
+            del engine
+            gc.collect()
             picks = "bfloat16" if dtype_choice.holds(tokens, vectors) else "float32"
             out.append(
                 {"model": suite.label, "backend": backend, "tokens": tokens, "vectors": vectors,

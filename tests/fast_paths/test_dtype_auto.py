@@ -25,14 +25,28 @@ from vectorpress.backends.common.calibration import calibration_encodings
 from vectorpress.backends.select import select_backend
 from vectorpress.cpus import native_bf16
 from vectorpress.errors import StartupError
-from vectorpress.model_spec import load_model_spec
-from vectorpress.settings import Settings
+from vectorpress.model_spec import ModelSpec, load_model_spec
+from vectorpress.settings import ModelSettings, Settings
 from vectorpress.types import Batch, OutputKind
 
 
-def test_auto_over_http_serves_bfloat16_where_the_cpu_has_it(
-    minilm: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def auto(folder: Path, **options: str) -> tuple[ModelSettings, ModelSpec]:
+    """A model's settings with --dtype auto, and its spec."""
+    settings = Settings.single(str(folder), dtype="auto", **options).model
+    return settings, load_model_spec(folder, settings)
+
+
+def check_on_any_cpu(monkeypatch: pytest.MonkeyPatch, backend: str = "torch") -> None:
+    """Let the check run without native bf16 (emulated bf16 is slower, not less exact); OpenVINO
+    compiles bf16 only on a CPU that has it."""
+    if backend == "openvino":
+        pytest.importorskip("openvino", reason="make dev installs the openvino extra")
+        if not native_bf16():
+            pytest.skip("OpenVINO compiles bfloat16 only on a CPU that has it")
+    monkeypatch.setattr(dtype_choice, "native_bf16", lambda: True)
+
+
+def test_auto_over_http_serves_bfloat16_where_the_cpu_has_it(minilm: Path) -> None:
     texts = ["what is the capital of Australia", *corpus(12, seed=5)]
     want = st_encode(minilm, texts)
     with LiveServer(Settings.single(str(minilm), dtype="auto")) as server:
@@ -50,13 +64,11 @@ def test_auto_over_http_serves_bfloat16_where_the_cpu_has_it(
 def test_the_check_takes_bfloat16_when_the_calibration_texts_hold(
     minilm: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Run the check on any CPU (emulated bf16 is slower, not less exact).
-    monkeypatch.setattr(dtype_choice, "native_bf16", lambda: True)
-    settings = Settings.single(str(minilm), dtype="auto")
-    spec = load_model_spec(minilm, settings.model)
-    chosen = select_backend(spec, settings.model)
+    check_on_any_cpu(monkeypatch)
+    settings, spec = auto(minilm)
+    chosen = select_backend(spec, settings)
     assert chosen.dtype == "bfloat16"
-    fp32 = select_backend(spec, Settings.single(str(minilm), dtype="float32").model)
+    fp32 = select_backend(spec, replace(settings, dtype="float32"))
     encodings = calibration_encodings(spec)
     batch = Batch.from_encodings(encodings, [OutputKind.RAW] * len(encodings))
     states = [np.concatenate(b.embed(batch).raw) for b in (fp32, chosen)]
@@ -67,12 +79,11 @@ def test_the_check_takes_bfloat16_when_the_calibration_texts_hold(
 def test_the_check_keeps_float32_when_bfloat16_moves_past_a_bound(
     minilm: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, bound: str
 ) -> None:
-    monkeypatch.setattr(dtype_choice, "native_bf16", lambda: True)
+    check_on_any_cpu(monkeypatch)
     monkeypatch.setattr(dtype_choice, bound, 0.9999999)  # MiniLM's bf16 never reaches it
-    settings = Settings.single(str(minilm), dtype="auto")
-    spec = load_model_spec(minilm, settings.model)
+    settings, spec = auto(minilm)
     with caplog.at_level(logging.WARNING, logger=dtype_choice.__name__):
-        chosen = select_backend(spec, settings.model)
+        chosen = select_backend(spec, settings)
     assert chosen.dtype == "float32"
     assert "float32, as bfloat16 moved over 38 calibration texts: tokens 0.99" in caplog.text
 
@@ -84,15 +95,10 @@ def test_the_check_runs_on_the_other_bfloat16_backends(
     caplog: pytest.LogCaptureFixture,
     backend: str,
 ) -> None:
-    if backend == "openvino":
-        pytest.importorskip("openvino", reason="make dev installs the openvino extra")
-        if not native_bf16():
-            pytest.skip("OpenVINO compiles bfloat16 only on a CPU that has it")
-    monkeypatch.setattr(dtype_choice, "native_bf16", lambda: True)
-    settings = Settings.single(str(minilm), backend=backend, dtype="auto")
-    spec = load_model_spec(minilm, settings.model)
+    check_on_any_cpu(monkeypatch, backend)
+    settings, spec = auto(minilm, backend=backend)
     with caplog.at_level(logging.INFO, logger=dtype_choice.__name__):
-        chosen = select_backend(spec, settings.model)
+        chosen = select_backend(spec, settings)
     assert chosen.name == backend
     # Both passes ran and were compared (transformers' bf16 may or may not hold the bound).
     assert "over 38 calibration texts: tokens 0.99" in caplog.text
@@ -108,22 +114,17 @@ def test_mpnet_gets_bfloat16_only_where_the_corpus_holds_it(
     # mpnet's bf16 holds the 0.999 bound on the benchmark corpus on torch (0.99920) and not on
     # OpenVINO (0.99889, one text): auto may keep float32 anywhere, but picks bfloat16 only
     # where every corpus text holds the bound.
-    if backend == "openvino":
-        pytest.importorskip("openvino", reason="make dev installs the openvino extra")
-        if not native_bf16():
-            pytest.skip("OpenVINO compiles bfloat16 only on a CPU that has it")
-    monkeypatch.setattr(dtype_choice, "native_bf16", lambda: True)
+    check_on_any_cpu(monkeypatch, backend)
     folder = mpnet_path()
-    settings = Settings.single(str(folder), backend=backend, dtype="auto")
-    spec = load_model_spec(folder, settings.model)
-    chosen = select_backend(spec, settings.model)
+    settings, spec = auto(folder, backend=backend)
+    chosen = select_backend(spec, settings)
     if backend == "torch":
         assert chosen.dtype == "bfloat16"
     if chosen.dtype == "bfloat16":
         batches = tokenized_batches(
             folder, corpus(300, seed=0), 32, 384, position_offset=spec.position_offset
         )
-        fp32 = select_backend(spec, replace(settings.model, dtype="float32"))
+        fp32 = select_backend(spec, replace(settings, dtype="float32"))
         assert_close_vectors(
             pooled(chosen, batches), pooled(fp32, batches), min_cos=0.999, what="auto vs fp32"
         )
@@ -146,11 +147,9 @@ def test_auto_keeps_float32_where_bfloat16_cannot_be_checked(
     reason: str,
 ) -> None:
     monkeypatch.setattr(dtype_choice, "native_bf16", lambda: native)
-    folder = tiny_bert_family(**options)
-    settings = Settings.single(str(folder), dtype="auto")
-    spec = load_model_spec(folder, settings.model)
+    settings, spec = auto(tiny_bert_family(**options))
     with caplog.at_level(logging.INFO, logger=dtype_choice.__name__):
-        chosen = select_backend(spec, settings.model)
+        chosen = select_backend(spec, settings)
     assert chosen.dtype == "float32"
     assert reason in caplog.text
 
@@ -158,9 +157,8 @@ def test_auto_keeps_float32_where_bfloat16_cannot_be_checked(
 def test_backends_without_bfloat16_and_per_token_outputs_are_refused_the_check(
     tiny_bert_family: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(dtype_choice, "native_bf16", lambda: True)
-    folder = tiny_bert_family()
-    spec = load_model_spec(folder, Settings.single(str(folder)).model)
+    check_on_any_cpu(monkeypatch)
+    _, spec = auto(tiny_bert_family())
     assert dtype_choice.refusal(spec, "onnx") == "--backend onnx runs no bfloat16"
     assert dtype_choice.refusal(spec, "torch") is None
     assert dtype_choice.refusal(spec, "openvino") is None
@@ -169,16 +167,15 @@ def test_backends_without_bfloat16_and_per_token_outputs_are_refused_the_check(
 def test_auto_falls_back_to_float32_when_bfloat16_will_not_run(
     minilm: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(dtype_choice, "native_bf16", lambda: True)
-    settings = Settings.single(str(minilm), dtype="auto")
-    spec = load_model_spec(minilm, settings.model)
+    check_on_any_cpu(monkeypatch)
+    settings, spec = auto(minilm)
     built: list[str | None] = []
 
     def build(dtype: str | None) -> Any:
         built.append(dtype)
         if dtype == "bfloat16":
             raise StartupError("this plugin compiles no bf16")
-        return select_backend(spec, replace(settings.model, dtype=dtype))
+        return select_backend(spec, replace(settings, dtype=dtype))
 
     with caplog.at_level(logging.WARNING, logger=dtype_choice.__name__):
         chosen = dtype_choice.choose(spec, "cpu", "torch", build)

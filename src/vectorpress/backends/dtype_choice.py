@@ -80,6 +80,18 @@ def compare(expected: BatchOutput, got: BatchOutput) -> tuple[float, float]:
     return tokens, lowest_cosine(expected.pooled, got.pooled)
 
 
+def measure(batch: Batch, build: Build) -> tuple[Backend, float, float]:
+    """The bfloat16 backend, and how far its outputs of `batch` moved from float32's (`compare`).
+
+    One model in memory at a time: the float32 one goes before the bfloat16 one loads."""
+    reference = build("float32")
+    expected = reference.embed(batch)
+    del reference
+    gc.collect()
+    candidate = build("bfloat16")
+    return candidate, *compare(expected, candidate.embed(batch))
+
+
 def holds(tokens: float, pooled: float) -> bool:
     """Whether bfloat16 keeps what the calibration texts measured within the bounds."""
     return tokens >= TOKEN_BOUND and pooled >= CORPUS_BOUND
@@ -97,21 +109,14 @@ def choose(spec: ModelSpec, device: str, backend: str, build: Build) -> Backend:
         log.info("--dtype auto: float32, as %s", why)
         return build("float32")
     batch = check_batch(spec)
-    reference = build("float32")
-    expected = reference.embed(batch)
-    # One model in memory at a time: the float32 one goes before the bfloat16 one loads.
-    del reference
-    gc.collect()
     try:
-        candidate = build("bfloat16")
-        got = candidate.embed(batch)
+        candidate, tokens, pooled = measure(batch, build)
     except (StartupError, RuntimeError) as exc:
         # A backend or build that cannot run bfloat16 here after all (a plugin without it):
         # float32 serves, as it would without the flag.
         log.warning("--dtype auto: float32, as bfloat16 did not run here: %s", exc)
         gc.collect()
         return build("float32")
-    tokens, pooled = compare(expected, got)
     n = batch.size // 2
     held = f"over {n} calibration texts: tokens {tokens:.5f}, vectors {pooled:.5f}"
     bounds = f"bounds {TOKEN_BOUND} and {CORPUS_BOUND}"

@@ -6,7 +6,7 @@ Each row is a fresh process (glibc's arena cap must be set before any thread sta
 N threads tokenize the corpus in calls of `--texts-per-call` texts with `encode_batch_fast`, as
 the server's pool does with a multi-text request: wall time and CPU time (user, system) per
 text, with glibc's default malloc arenas, with two, and with the server's cap for N tokenizer
-threads (`server.malloc_arenas`). A lone thread is the floor; CPU per text growing with threads
+threads (`core.heap.malloc_arenas`). A lone thread is the floor; CPU per text growing with threads
 means the threads slow each other down (allocator locks, page faults, shared caches), not that
 there is more work.
 """
@@ -14,7 +14,6 @@ there is more work.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import subprocess
@@ -27,16 +26,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
-from vectorpress.server import malloc_arenas  # noqa: E402
+from vectorpress.core.heap import limit_malloc_arenas, malloc_arenas  # noqa: E402
 
 ROUNDS = 3
-_M_ARENA_MAX = -8
 
 
 def child(threads: int, per_call: int, arenas: int) -> dict[str, float]:
     """One configuration, in this process: seconds of wall, user and system time per text."""
     if arenas:
-        ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, arenas)
+        limit_malloc_arenas(arenas)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # as the server's pool sets it
     from bench.corpus import corpus
     from bench.run import package_folder

@@ -24,13 +24,14 @@ from vectorpress.backends.select import select_backend
 from vectorpress.backends.torch.passes import CPU_PASS_TOKENS
 from vectorpress.core.admission import Admission
 from vectorpress.core.calibration import Calibration
+from vectorpress.core.heap import limit_malloc_arenas, malloc_arenas
 from vectorpress.core.infer import Infer
 from vectorpress.core.metrics import Metrics, Registry
 from vectorpress.core.models import Models
 from vectorpress.core.queue import BatchingQueue, LanePolicy
 from vectorpress.core.scheduler import Scheduler
 from vectorpress.core.tokenization import TokenizerPool
-from vectorpress.core.worker import BackendWorker, limit_malloc_arenas
+from vectorpress.core.worker import BackendWorker
 from vectorpress.cpus import available_cpus
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec, resolve_model_spec
@@ -204,21 +205,6 @@ def warm_up(backend: Backend, spec: ModelSpec, settings: ModelSettings) -> None:
 
 
 BackendFactory = Callable[[ModelSpec, ModelSettings], Backend]
-
-
-def malloc_arenas(tokenizer_threads: int) -> int:
-    """glibc malloc arenas for a server with `tokenizer_threads`: one for each thread that
-    allocates much (the tokenizer pool's, the event loop, the model thread).
-
-    Fewer arenas than threads allocating at once makes the threads queue on the arenas' locks:
-    on 2 cores (bench/tokenize_threads.py), 4 threads tokenizing through 2 arenas took 1.04-1.54x
-    the CPU per text of one thread (up to a sixth of it in the kernel), 8 threads 1.25-1.27x; with
-    one arena per thread 1.00-1.09x, as with glibc's default. A 16-core GPU host's 15 tokenizer
-    threads, on the 2 arenas the server kept before, spent about 10x a lone thread's CPU per
-    text under load (bench/results/gpu.md). More arenas than threads only fragment memory
-    further; one arena or two drew the same memory curve in the soak runs (docs/reliability.md).
-    """
-    return max(2, tokenizer_threads + 2)
 
 
 def load(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from vectorpress import server
-from vectorpress.server import malloc_arenas
+from vectorpress.core.heap import malloc_arenas
 from vectorpress.settings import ServerSettings, Settings
 
 

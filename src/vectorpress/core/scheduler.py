@@ -77,7 +77,8 @@ class Scheduler:
         preempt: bool = True,
         interactive_burst_tokens: int = INTERACTIVE_BURST_TOKENS,
     ) -> None:
-        from vectorpress.core.worker import HeapTrimmer, ModelThread
+        from vectorpress.core.heap import HeapTrimmer
+        from vectorpress.core.worker import ModelThread
 
         self.thread = thread or ModelThread()
         self.preempt = preempt

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import functools
 import logging
 import queue as queue_module
@@ -199,43 +198,6 @@ def _values(output: BatchOutput, batch: Batch, n: int) -> list[Any]:
     for parts, index in zip(output.multi, batch.multi_indices, strict=True):
         values[index] = parts
     return values
-
-
-_M_ARENA_MAX = -8  # glibc's mallopt parameter number
-
-
-def limit_malloc_arenas(arenas: int) -> None:
-    """Cap glibc's malloc arenas for threads created from now on.
-
-    glibc gives each new thread its own arena (up to 8 per core); with the event loop, the
-    worker and torch's pool all allocating tensors of ever-different sizes, each arena fragments
-    separately, so the server keeps to one per thread that allocates much (`server.malloc_arenas`).
-    """
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, arenas)
-
-
-class HeapTrimmer:
-    """Hands freed heap pages back to the OS between batches, at most once a second.
-
-    Batches of ever-different shapes leave glibc's arenas fragmented, and resident memory then
-    creeps up under steady mixed traffic although nothing leaks; TEI trims for the same reason.
-    """
-
-    def __init__(self, every: float = 1.0) -> None:
-        self.every = every
-        self.last = 0.0
-        self._trim: Callable[[int], int] | None
-        try:
-            self._trim = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):  # not glibc: nothing to trim
-            self._trim = None
-
-    def maybe_trim(self) -> None:
-        now = time.monotonic()
-        if self._trim is not None and now - self.last >= self.every:
-            self.last = now
-            self._trim(0)
 
 
 def _halves(batch: Batch) -> tuple[Batch, Batch]:

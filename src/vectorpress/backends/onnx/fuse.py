@@ -52,9 +52,9 @@ FUSED_TYPES = frozenset({"bert"})
 #: 10.70-10.87; 12 x 768 (BERT-base's: bge-base, e5-base) 8 and 16 tokens level, 32 tokens
 #: 39.6-42.1 against 38.4-38.6 (slower). DistilBERT and RoBERTa of 6 x 768, which the optimizer
 #: fuses within 1e-6, ran level or slower alike (32 tokens: 20.0 against 19.5 ms), so they stay
-#: out of FUSED_TYPES. The same on an AMX Xeon with AVX-512 (six alternated rounds of 40, medians):
-#: 12 x 384 8 tokens 4.27 against 4.72 ms, 16 5.83 against 6.27, 32 9.35 against 9.53; 12 x 768
-#: 18.09 against 18.36, 22.03 against 22.25, 32.61 against 32.24: the width holds on both.
+#: out of FUSED_TYPES. On an AMX Xeon with AVX-512 the width held too (six alternated rounds of
+#: 40, medians): 12 x 384 8 tokens 4.27 against 4.72 ms, 16 5.83 against 6.27, 32 9.35 against
+#: 9.53; 12 x 768 18.09 against 18.36, 22.03 against 22.25, 32.61 against 32.24.
 MAX_FUSED_WIDTH = 384
 #: Largest difference of a hidden-state value between the fused and the unfused graph: the
 #: fused kernels sum in another order (all-MiniLM-L6-v2: at most 3.4e-6).

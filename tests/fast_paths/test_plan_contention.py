@@ -16,6 +16,7 @@ import pytest
 from vectorpress.backends.torch import passes
 from vectorpress.backends.torch.backend import TorchBackend
 from vectorpress.backends.torch.passes import (
+    GRAPH,
     PassPlan,
     plan_passes,
     plan_when_quiet,
@@ -25,7 +26,7 @@ from vectorpress.cpus import available_cpus
 from vectorpress.model_spec import load_model_spec
 from vectorpress.settings import ModelSettings
 
-PLANS = [PassPlan(True, True, 1), PassPlan(False, True, 0), PassPlan(False, False, 1, True)]
+PLANS = [PassPlan(True, True, 1), PassPlan(False, True, 0), PassPlan(False, False, 1, GRAPH)]
 
 
 Measure = Callable[[Callable[[], PassPlan]], tuple[PassPlan, float | None]]

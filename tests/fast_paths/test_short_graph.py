@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +14,20 @@ import pytest
 import torch
 
 from tests.helpers.cpu import needs_onednn
+from tests.helpers.passes import timed_shortcuts
 from tests.helpers.reference import assert_close_vectors, st_encode
 from tests.helpers.texts import mixed_texts
 from vectorpress.backends.common.cache import build_cache
 from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.backends.torch.backend import TorchBackend
-from vectorpress.backends.torch.passes import SMALL_PASS_TOKENS, CpuPasses, PassPlan, plan_passes
+from vectorpress.backends.torch.passes import (
+    GRAPH,
+    SMALL_PASS_TOKENS,
+    CpuPasses,
+    PassPlan,
+    Shortcut,
+    plan_passes,
+)
 from vectorpress.backends.torch.short_graph import MAX_PARAMETERS, ShortGraph, graph_candidate
 from vectorpress.model_spec import ModelSpec, load_model_spec
 from vectorpress.settings import ModelSettings
@@ -28,7 +35,7 @@ from vectorpress.types import Batch, Encoding
 
 pytest.importorskip("onnxruntime")
 
-ON_GRAPH = PassPlan(small_onednn=False, large_onednn=False, small_threads=1, small_graph=True)
+ON_GRAPH = PassPlan(small_onednn=False, large_onednn=False, small_threads=1, small_shortcut=GRAPH)
 
 
 def _spec(folder: Path) -> ModelSpec:
@@ -69,7 +76,7 @@ def test_short_passes_on_the_graph_give_sentence_transformers_vectors(minilm: Pa
     spec = _spec(minilm)
     backend = TorchBackend(spec, "cpu", "float32")
     graph = _graph(spec)
-    backend.passes = CpuPasses(plan=ON_GRAPH, graph=graph)
+    backend.passes = CpuPasses(plan=ON_GRAPH, shortcut=graph)
     runs = _counted(graph)
     queries = ["where is the nearest train station", "a", "how do I reset my password today?"]
     longer = mixed_texts(12, seed=5)
@@ -119,7 +126,7 @@ def test_a_query_with_held_out_keys_and_larger_passes_stay_native() -> None:
         called.append("graph")
         return torch.zeros(len(ids), 4)
 
-    passes = CpuPasses(plan=ON_GRAPH, graph=graph)
+    passes = CpuPasses(plan=ON_GRAPH, shortcut=graph)
 
     def run(lengths: list[int], keys: list[int] | None = None) -> list[str]:
         called.clear()
@@ -132,7 +139,7 @@ def test_a_query_with_held_out_keys_and_larger_passes_stay_native() -> None:
     assert run([5], keys=[3]) == ["native"]  # a ColBERT query's expansion held out
     assert run([40, 30]) == ["native"]
     # A plan that did not choose the graph never runs it.
-    assert CpuPasses(plan=PassPlan(False, False), graph=graph).graph is None
+    assert CpuPasses(plan=PassPlan(False, False), shortcut=graph).shortcut is None
 
 
 @needs_onednn
@@ -140,17 +147,15 @@ def test_the_plan_takes_the_graph_only_where_it_was_timed_faster(minilm: Path) -
     spec = _spec(minilm)
     encoder = TorchBackend(spec, "cpu", "float32").model.encoder
 
-    def instant(ids: torch.Tensor, *_: Any) -> torch.Tensor:
-        return torch.zeros(len(ids), 384)
+    instant, slow = timed_shortcuts(384)
 
-    def slow(ids: torch.Tensor, *_: Any) -> torch.Tensor:
-        time.sleep(0.2)  # far above a short pass on any machine, however loaded
-        return instant(ids)
+    def on(graph: Any) -> tuple[Shortcut, ...]:
+        return (Shortcut(GRAPH, graph, (1,)),)
 
-    fast = plan_passes(encoder, spec.position_offset, graph=instant)
-    assert fast.small_graph and fast.small_threads == 1
-    assert not plan_passes(encoder, spec.position_offset, graph=slow).small_graph
-    assert not plan_passes(encoder, spec.position_offset).small_graph
+    fast = plan_passes(encoder, spec.position_offset, shortcuts=on(instant))
+    assert fast.small_shortcut == GRAPH and fast.small_threads == 1
+    assert not plan_passes(encoder, spec.position_offset, shortcuts=on(slow)).small_shortcut
+    assert not plan_passes(encoder, spec.position_offset).small_shortcut
 
 
 def test_a_start_without_the_graph_serves_on_the_native_model(
@@ -168,7 +173,7 @@ def test_a_start_without_the_graph_serves_on_the_native_model(
     assert graph_candidate(spec, 0, build_cache()) is None
 
     backend = TorchBackend(spec, "cpu", "float32", cache_dir=blocked)
-    assert backend.passes.graph is None
+    assert backend.passes.shortcut is None
     query = backend.embed(Batch.from_encodings(_encodings(minilm, ["a short query"]))).pooled
     assert query is not None
     query /= np.linalg.norm(query, axis=1, keepdims=True)

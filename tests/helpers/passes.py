@@ -10,10 +10,12 @@ the two kernels (and the short passes' ONNX graph) differ in the last bits. Insi
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import torch
 
 
 @contextlib.contextmanager
@@ -28,3 +30,17 @@ def fixed_pass_plan() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(backend, "plan_passes", plan)
         yield
+
+
+def timed_shortcuts(width: int) -> tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]:
+    """Two stand-ins for a short-pass shortcut, for start-up's plan to time: one that returns
+    at once, one far slower than a short pass on any machine, however loaded."""
+
+    def instant(ids: torch.Tensor, *_: Any) -> torch.Tensor:
+        return torch.zeros(len(ids), width)
+
+    def slow(ids: torch.Tensor, *_: Any) -> torch.Tensor:
+        time.sleep(0.2)
+        return instant(ids)
+
+    return instant, slow

@@ -142,6 +142,8 @@ def test_the_wheel_carries_the_proto_and_stubs_built_from_it(installed: Installe
     made = sorted(p.name for p in (grpc_dir / "_generated").iterdir())
     assert made == ["__init__.py", "tei_pb2.py", "tei_pb2.pyi", "tei_pb2_grpc.py"]
     assert "DescriptorPool().AddSerializedFile" in (grpc_dir / "_generated/tei_pb2.py").read_text()
+    # The short-pass kernel's source, which a server compiles on its first start.
+    assert (installed.site / "vectorpress/backends/torch/short_kernel.c").is_file()
     # Nothing of the checkout leaks into the installed package.
     assert not (installed.site / "tests").exists()
 

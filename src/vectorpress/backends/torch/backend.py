@@ -32,13 +32,21 @@ from vectorpress.backends.torch.int8 import INT8_PASS_TOKENS, int8_ready, quanti
 from vectorpress.backends.torch.layers import onednn_supported
 from vectorpress.backends.torch.passes import (
     CPU_PASS_TOKENS,
+    GRAPH,
+    KERNEL,
     CpuPasses,
     PassPlan,
+    Shortcut,
     plan_passes,
     plan_when_quiet,
 )
 from vectorpress.backends.torch.registry import Architecture, HeadRules, lookup
-from vectorpress.backends.torch.short_graph import ShortGraph, graph_candidate, short_graph_fits
+from vectorpress.backends.torch.short_graph import (
+    MAX_PARAMETERS,
+    graph_candidate,
+    short_graph_fits,
+)
+from vectorpress.backends.torch.short_kernel import kernel_candidate
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec
 from vectorpress.types import Batch, BatchOutput
@@ -197,19 +205,21 @@ class TorchBackend:
         model = build_model(spec, arch)
         model.eval().to(device=device, dtype=torch_dtype)
         plan = PassPlan(small_onednn=False, large_onednn=False)
-        graph: ShortGraph | None = None
+        shortcuts: tuple[Shortcut, ...] = ()
         if int8:
             model.encoder.fuse(False)  # F.linear until quantized below
         elif device == "cpu" and onednn_supported(torch_dtype):
             if self.dtype == "float32" and short_graph_fits(spec, arch):
-                parameters = sum(p.numel() for p in model.encoder.parameters())
-                graph = graph_candidate(spec, parameters, cache_dir or build_cache())
+                shortcuts = self._shortcuts(spec, model.encoder, cache_dir or build_cache())
             encoder = model.encoder
-            plan = plan_when_quiet(lambda: plan_passes(encoder, spec.position_offset, graph=graph))
+            plan = plan_when_quiet(
+                lambda: plan_passes(encoder, spec.position_offset, shortcuts=shortcuts)
+            )
             short = "oneDNN" if plan.small_onednn else "F.linear"
             log.info(
                 "CPU passes, as timed here: short ones on %s with %s, larger ones on %s with %s",
-                *("ONNX Runtime" if plan.small_graph else short, _threads(plan.small_threads)),
+                plan.small_shortcut or short,
+                _threads(plan.small_threads),
                 *("oneDNN" if plan.large_onednn else "F.linear", _threads(0)),
             )
         else:
@@ -237,9 +247,31 @@ class TorchBackend:
             load_dense(d).eval().to(device=device, dtype=torch.float32) for d in spec.dense
         ]
         self.multi = MultiVectorHeads(spec, device)
-        self.passes = CpuPasses(INT8_PASS_TOKENS if int8 else CPU_PASS_TOKENS, plan, graph=graph)
+        shortcut = next((c.run for c in shortcuts if c.name == plan.small_shortcut), None)
+        self.passes = CpuPasses(
+            INT8_PASS_TOKENS if int8 else CPU_PASS_TOKENS, plan, shortcut=shortcut
+        )
         if int8:
             self._quantize()
+
+    @staticmethod
+    def _shortcuts(spec: ModelSpec, encoder: FusedModel, cache_dir: Path) -> tuple[Shortcut, ...]:
+        """The other ways short float32 passes may run, for start-up to time: the encoder's
+        ONNX graph (`short_graph.py`) and the compiled kernel (`short_kernel.py`), each where
+        it can be had. Both keep a second copy of the weights: base-sized encoders at most."""
+        parameters = sum(p.numel() for p in encoder.parameters())
+        if parameters > MAX_PARAMETERS:
+            return ()
+        found = []
+        # The graph is timed last: ONNX Runtime's threads spin on after each run, and took the
+        # cores from a pass on torch's threads timed next (7.4 ms against 2.0).
+        kernel = kernel_candidate(encoder, torch.float32, cache_dir)
+        if kernel is not None:
+            found.append(Shortcut(KERNEL, kernel, (0, 1)))
+        graph = graph_candidate(spec, parameters, cache_dir)
+        if graph is not None:
+            found.append(Shortcut(GRAPH, graph, (1,)))
+        return tuple(found)
 
     def _quantize(self) -> None:
         """Calibrate on the packaged texts through this backend's own passes, then quantize."""

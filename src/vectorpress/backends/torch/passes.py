@@ -108,28 +108,47 @@ def cpu_passes(seqs: PackedSequences, max_tokens: int = CPU_PASS_TOKENS) -> list
 class PassPlan:
     """How CPU passes run, for short ones (under SMALL_PASS_TOKENS) and for the rest: on oneDNN
     or on F.linear; short ones also on how many intra-op threads (0: the caller's count; larger
-    passes always take the caller's count, see plan_passes), or on the encoder's ONNX graph
-    (`short_graph.py`) when `small_graph`."""
+    passes always take the caller's count, see plan_passes), or on the shortcut of that name
+    when `small_shortcut` (the encoder's ONNX graph, `short_graph.py`, or the compiled kernel,
+    `short_kernel.py`)."""
 
     small_onednn: bool
     large_onednn: bool
     small_threads: int = 0
-    small_graph: bool = False
+    small_shortcut: str = ""
+
+
+@dataclass(frozen=True)
+class Shortcut:
+    """Another way to run short passes, with the intra-op thread counts it may run on (0: the
+    caller's count)."""
+
+    name: str
+    run: Encoder
+    threads: tuple[int, ...]
+
+
+# The encoder's ONNX graph runs on ONNX Runtime's threads; torch's one keeps the ops around it
+# (pooling) from waking a second OpenMP thread that would spin on a core the graph's threads
+# need.
+GRAPH = "ONNX Runtime"
+# The compiled kernel runs on torch's own OpenMP team.
+KERNEL = "the compiled kernel"
 
 
 def plan_passes(
     encoder: FusedModel,
     position_offset: int,
     *,
-    graph: Encoder | None = None,
+    shortcuts: tuple[Shortcut, ...] = (),
     repeats: int = 3,
     budget: float = 0.3,
     margin: float = 0.05,
 ) -> PassPlan:
     """Time the model's own forward for a short query and for a mid-sized pass, on oneDNN and
-    on F.linear (the short query also on one thread and on all, and on `graph`, the encoder's
-    ONNX graph, where there is one), and keep the fastest of each (oneDNN and the graph must
-    win by `margin`: they cost memory). Decided once, at start-up, so that an input gives the
+    on F.linear (the short query also on one thread and on all, and on each of `shortcuts` at
+    its thread counts), and keep the fastest of each (oneDNN and a shortcut must win by
+    `margin`: they cost memory). Decided once, at start-up, so that an input gives the
     same vector every time: the thread count can change the last bits.
 
     Measured on 2-core AMD EPYCs: on an AVX2-only one, oneDNN on weights reordered once ran a
@@ -171,15 +190,24 @@ def plan_passes(
         return onednn, 0, best
 
     small_onednn, small_threads, small_best = pick([16], try_one_thread=True)
-    # The graph's own threads are ONNX Runtime's; torch's one keeps the ops around it (pooling)
-    # from waking a second OpenMP thread that would spin on a core the graph's threads need.
-    small_graph = graph is not None and timed([16], False, 1, graph) < (1 - margin) * small_best
+    log.debug("a short pass natively: %.2f ms", 1e3 * small_best)
+    chosen: tuple[str, int] | None = None
+    bar = (1 - margin) * small_best
+    for shortcut in shortcuts:
+        for threads in shortcut.threads:
+            if threads > available:
+                continue
+            took = timed([16], False, threads or available, shortcut.run)
+            log.debug("a short pass on %s, %s threads: %.2f ms", shortcut.name, threads, 1e3 * took)
+            if took < bar:
+                chosen, bar = (shortcut.name, threads), took
     # Larger passes keep every thread: they split well, and a start-up that met other work on
     # the cores timed one thread faster and would have halved the throughput for good (seen
     # with bfloat16 while a test suite ran beside it).
     large_onednn, _, _ = pick([64] * 4, try_one_thread=False)
-    if small_graph:
-        return PassPlan(False, large_onednn, 1, small_graph=True)
+    if chosen is not None:
+        name, threads = chosen
+        return PassPlan(False, large_onednn, threads, small_shortcut=name)
     return PassPlan(small_onednn, large_onednn, small_threads)
 
 
@@ -287,12 +315,12 @@ class CpuPasses:
         max_tokens: int = CPU_PASS_TOKENS,
         plan: PassPlan = PassPlan(True, True),
         longest_first: bool = True,
-        graph: Encoder | None = None,
+        shortcut: Encoder | None = None,
     ) -> None:
         self.max_tokens = max_tokens
         self.plan = plan
-        # Where the plan runs short passes on the encoder's ONNX graph (`short_graph.py`).
-        self.graph = graph if plan.small_graph else None
+        # Where the plan runs short passes on a shortcut (`PassPlan.small_shortcut`).
+        self.shortcut = shortcut if plan.small_shortcut else None
         # Sort a batch's sequences by length before cutting it (see
         # PackedSequences.longest_first); False runs them in arrival order (the reference).
         self.longest_first = longest_first
@@ -361,9 +389,10 @@ class CpuPasses:
     ) -> torch.Tensor:
         tokens = seqs.total
         small = tokens < SMALL_PASS_TOKENS
-        # A ColBERT query holds keys out of attention, which the graph's mask cannot say here.
-        if small and self.graph is not None and seqs.key_lengths is None:
-            return self.graph(input_ids, token_type_ids, position_ids, seqs)
+        # A ColBERT query holds keys out of attention, which the shortcuts cannot say.
+        if small and self.shortcut is not None and seqs.key_lengths is None:
+            with num_threads(self.threads(tokens)):
+                return self.shortcut(input_ids, token_type_ids, position_ids, seqs)
         plan = self.plan
         onednn = plan.small_onednn if small else plan.large_onednn
         # Only oneDNN keeps something per shape.

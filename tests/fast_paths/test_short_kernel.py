@@ -1,0 +1,251 @@
+"""Short float32 CPU passes of BERT-family encoders on the compiled kernel
+(backends/torch/short_kernel.py): the hidden states transformers gives, the vectors
+sentence-transformers gives through the server's backend, vectors that do not depend on a
+pass's other texts or thread count, the start-up plan that chooses it, and starts that cannot
+build it."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers.batches import tokenized_batches
+from tests.helpers.checkpoints import copy_tokenizer, make_tiny, write_st_files
+from tests.helpers.cpu import needs_onednn
+from tests.helpers.passes import timed_shortcuts
+from tests.helpers.reference import assert_close_vectors, st_encode
+from tests.helpers.texts import mixed_texts
+from vectorpress.backends.common.sequences import PackedSequences
+from vectorpress.backends.common.threads import num_threads
+from vectorpress.backends.torch import short_kernel
+from vectorpress.backends.torch.backend import TorchBackend
+from vectorpress.backends.torch.passes import (
+    KERNEL,
+    SMALL_PASS_TOKENS,
+    CpuPasses,
+    PassPlan,
+    Shortcut,
+    plan_passes,
+)
+from vectorpress.backends.torch.short_kernel import ShortKernel, kernel_candidate, load_library
+from vectorpress.model_spec import ModelSpec, load_model_spec
+from vectorpress.settings import ModelSettings
+
+
+def _why_no_kernel() -> str | None:
+    if torch.backends.cpu.get_cpu_capability() != "AVX512":
+        return "the kernel needs AVX-512; this CPU has none"
+    if short_kernel._compiler() is None:
+        return "no C compiler here"
+    return None
+
+
+needs_kernel = pytest.mark.skipif(_why_no_kernel() is not None, reason=str(_why_no_kernel()))
+ON_KERNEL = PassPlan(small_onednn=False, large_onednn=False, small_shortcut=KERNEL)
+
+
+def _spec(folder: Path) -> ModelSpec:
+    return load_model_spec(folder, ModelSettings(str(folder)))
+
+
+def _kernel(backend: TorchBackend, cache: Path) -> ShortKernel:
+    kernel = kernel_candidate(backend.model.encoder, torch.float32, cache)
+    assert isinstance(kernel, ShortKernel)
+    return kernel
+
+
+def _packed(lengths: list[int], offset: int = 0, seed: int = 0) -> tuple[Any, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1000, 30000, (sum(lengths),), generator=gen)
+    types = torch.randint(0, 2, (sum(lengths),), generator=gen)
+    positions = torch.cat([torch.arange(n) for n in lengths]) + offset
+    cu = torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int32)
+    return ids, types, positions, PackedSequences(cu, max(lengths))
+
+
+@pytest.fixture(scope="module")
+def awkward(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny random BERT and RoBERTa checkpoints whose widths fill no vector and no panel
+    whole: 40 wide in 5 heads of 8, 37 inner, 3 layers."""
+    import transformers as tf
+
+    out = {}
+    for arch, config in (
+        ("bert", tf.BertConfig),
+        ("roberta", lambda **kw: tf.RobertaConfig(pad_token_id=1, type_vocab_size=1, **kw)),
+    ):
+        dest = tmp_path_factory.mktemp(f"awkward-{arch}")
+        torch.manual_seed(3)
+        model = tf.BertModel(
+            config(
+                vocab_size=30522,
+                hidden_size=40,
+                num_hidden_layers=3,
+                num_attention_heads=5,
+                intermediate_size=37,
+                max_position_embeddings=512,
+            )
+        )
+        if arch == "roberta":
+            model = tf.RobertaModel(model.config)
+        with torch.no_grad():
+            for param in model.parameters():
+                if param.dim() == 1:
+                    param.add_(torch.randn_like(param) * 0.1)
+        model.eval().save_pretrained(dest)
+        copy_tokenizer(dest)
+        write_st_files(dest, "mean")
+        out[arch] = dest
+    return out
+
+
+@needs_kernel
+@pytest.mark.parametrize("arch", ["bert", "roberta"])
+def test_the_kernel_gives_transformers_hidden_states(
+    arch: str, awkward: dict[str, Path], tmp_path: Path
+) -> None:
+    import transformers as tf
+
+    folder = awkward[arch]
+    spec = _spec(folder)
+    kernel = _kernel(TorchBackend(spec, "cpu", "float32", cache_dir=tmp_path), tmp_path)
+    reference = tf.AutoModel.from_pretrained(folder).eval()
+    for lengths in ([1], [16], [7, 9, 30], [63], [5] * 12, [200, 3]):
+        ids, types, positions, seqs = _packed(lengths, spec.position_offset, seed=len(lengths))
+        if arch == "roberta":
+            types = torch.zeros_like(types)
+        with torch.inference_mode():
+            got = kernel(ids, types, positions, seqs)
+            for i, n in enumerate(lengths):
+                rows = slice(int(seqs.cu_seqlens[i]), int(seqs.cu_seqlens[i + 1]))
+                want = reference(
+                    input_ids=ids[rows][None],
+                    token_type_ids=types[rows][None],
+                    position_ids=positions[rows][None],
+                ).last_hidden_state[0]
+                assert got[rows].shape == (n, 40)
+                diff = float((got[rows] - want).abs().max())
+                assert diff < 2e-5, (arch, lengths, i, diff)
+
+
+@needs_kernel
+def test_short_passes_on_the_kernel_give_sentence_transformers_vectors(
+    minilm: Path, tmp_path: Path
+) -> None:
+    spec = _spec(minilm)
+    backend = TorchBackend(spec, "cpu", "float32")
+    kernel = _kernel(backend, tmp_path)
+    calls: list[int] = []
+
+    def counted(*args: Any) -> torch.Tensor:
+        calls.append(args[3].size)
+        return kernel(*args)
+
+    backend.passes = CpuPasses(plan=ON_KERNEL, shortcut=counted)
+    queries = ["where is the nearest train station", "a", "how do I reset my password today?"]
+    longer = mixed_texts(12, seed=5)
+    alone = [backend.embed(tokenized_batches(minilm, [q])[0]).pooled for q in queries]
+    pair = backend.embed(tokenized_batches(minilm, queries[:2])[0]).pooled
+    assert calls == [1, 1, 1, 2]
+    calls.clear()
+    # A batch of SMALL_PASS_TOKENS tokens or more runs on the native model.
+    (batch,) = tokenized_batches(minilm, longer)
+    assert len(batch.input_ids) >= SMALL_PASS_TOKENS
+    batched = backend.embed(batch).pooled
+    assert calls == []
+    assert pair is not None and batched is not None
+    want = st_encode(minilm, [*queries, *longer])
+    got = np.stack([v[0] for v in alone if v is not None] + list(pair) + list(batched))
+    got /= np.linalg.norm(got, axis=1, keepdims=True)
+    assert_close_vectors(got, [*want[:3], *want[:2], *want[3:]], min_cos=0.999999, max_abs=1e-6)
+
+
+@needs_kernel
+def test_a_texts_values_do_not_depend_on_its_pass_or_the_thread_count(
+    minilm: Path, tmp_path: Path
+) -> None:
+    spec = _spec(minilm)
+    kernel = _kernel(TorchBackend(spec, "cpu", "float32"), tmp_path)
+    ids, types, positions, seqs = _packed([11, 5, 17, 9], spec.position_offset)
+    with torch.inference_mode(), num_threads(2):
+        together = kernel(ids, types, positions, seqs)
+    start = int(seqs.cu_seqlens[2])
+    alone_args = [t[start : start + 17] for t in (ids, types, positions)]
+    alone_seqs = PackedSequences(torch.tensor([0, 17], dtype=torch.int32), 17)
+    with torch.inference_mode(), num_threads(1):
+        alone = kernel(*alone_args, alone_seqs)
+    # Every value summed in the same order whatever else the pass holds: bit for bit.
+    assert torch.equal(alone, together[start : start + 17])
+
+
+@needs_onednn
+def test_the_plan_takes_the_kernel_only_where_it_was_timed_faster(minilm: Path) -> None:
+    spec = _spec(minilm)
+    encoder = TorchBackend(spec, "cpu", "float32").model.encoder
+
+    instant, slow = timed_shortcuts(384)
+
+    def on(run: Any) -> tuple[Shortcut, ...]:
+        return (Shortcut(KERNEL, run, (0, 1)),)
+
+    fast = plan_passes(encoder, spec.position_offset, shortcuts=on(instant))
+    assert fast.small_shortcut == KERNEL and fast.small_threads in (0, 1)
+    assert not plan_passes(encoder, spec.position_offset, shortcuts=on(slow)).small_shortcut
+
+
+@needs_kernel
+def test_the_library_is_built_once_into_the_cache(tmp_path: Path) -> None:
+    assert load_library(tmp_path) is not None
+    (built,) = (tmp_path / "kernels").glob("short_kernel-*.so")
+    stamp = built.stat().st_mtime_ns
+    assert load_library(tmp_path) is not None
+    assert built.stat().st_mtime_ns == stamp
+    assert [p.name for p in (tmp_path / "kernels").iterdir()] == [built.name]  # no leftovers
+
+
+@needs_kernel
+def test_starts_that_cannot_build_the_kernel_serve_without_it(
+    minilm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = _spec(minilm)
+    with caplog.at_level(logging.INFO, logger=short_kernel.__name__):
+        monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+        assert load_library(tmp_path / "a") is None
+        assert "no C compiler" in caplog.text
+        failing = tmp_path / "failing-cc"
+        failing.write_text("#!/bin/sh\necho 'cc: the compiler gave up' >&2\nexit 1\n")
+        failing.chmod(0o755)
+        monkeypatch.setenv("CC", str(failing))
+        assert load_library(tmp_path / "b") is None
+        assert "the compiler gave up" in caplog.text
+        assert not list((tmp_path / "b" / "kernels").iterdir())  # its temporary file removed
+        monkeypatch.delenv("CC")
+        blocked = tmp_path / "a-file"
+        blocked.write_text("")
+        assert load_library(blocked) is None
+    backend = TorchBackend(spec, "cpu", "float32", cache_dir=blocked)
+    assert backend.passes.plan.small_shortcut != KERNEL
+    query = backend.embed(tokenized_batches(minilm, ["a short query"])[0]).pooled
+    assert query is not None
+    query /= np.linalg.norm(query, axis=1, keepdims=True)
+    assert_close_vectors(query, st_encode(minilm, ["a short query"]), max_abs=1e-6)
+
+
+def test_the_kernel_is_offered_only_for_float32_bert_layers(
+    tiny_bert_family: Any, tmp_path: Path
+) -> None:
+    for arch in ("distilbert", "mpnet"):
+        other = TorchBackend(_spec(make_tiny(tmp_path / arch, arch)), "cpu", "float32")
+        assert kernel_candidate(other.model.encoder, torch.float32, tmp_path) is None
+    bert = TorchBackend(_spec(tiny_bert_family("bert")), "cpu", "float32")
+    assert kernel_candidate(bert.model.encoder, torch.bfloat16, tmp_path) is None
+    if _why_no_kernel() is None:
+        assert kernel_candidate(bert.model.encoder, torch.float32, tmp_path) is not None
+    if os.environ.get("VECTORPRESS_PORTABLE_CPU"):
+        assert load_library(tmp_path) is None

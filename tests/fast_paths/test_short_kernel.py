@@ -69,31 +69,32 @@ def _packed(lengths: list[int], offset: int = 0, seed: int = 0) -> tuple[Any, ..
     return ids, types, positions, PackedSequences(cu, max(lengths))
 
 
+ARCHS = ["bert", "roberta", "distilbert", "mpnet"]
+
+
 @pytest.fixture(scope="module")
 def awkward(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Tiny random BERT and RoBERTa checkpoints whose widths fill no vector and no panel
-    whole: 40 wide in 5 heads of 8, 37 inner, 3 layers."""
+    """Tiny random BERT, RoBERTa, DistilBERT and MPNet checkpoints whose widths fill no vector
+    and no panel whole: 40 wide in 5 heads of 8, 37 inner, 3 layers."""
     import transformers as tf
 
+    sizes = dict(vocab_size=30522, max_position_embeddings=514)
+    bert = dict(hidden_size=40, num_hidden_layers=3, num_attention_heads=5, intermediate_size=37)
+    models = {
+        "bert": lambda: tf.BertModel(tf.BertConfig(**sizes, **bert)),
+        "roberta": lambda: tf.RobertaModel(
+            tf.RobertaConfig(pad_token_id=1, type_vocab_size=1, **sizes, **bert)
+        ),
+        "distilbert": lambda: tf.DistilBertModel(
+            tf.DistilBertConfig(dim=40, n_layers=3, n_heads=5, hidden_dim=37, **sizes)
+        ),
+        "mpnet": lambda: tf.MPNetModel(tf.MPNetConfig(pad_token_id=1, **sizes, **bert)),
+    }
     out = {}
-    for arch, config in (
-        ("bert", tf.BertConfig),
-        ("roberta", lambda **kw: tf.RobertaConfig(pad_token_id=1, type_vocab_size=1, **kw)),
-    ):
+    for arch, build in models.items():
         dest = tmp_path_factory.mktemp(f"awkward-{arch}")
         torch.manual_seed(3)
-        model = tf.BertModel(
-            config(
-                vocab_size=30522,
-                hidden_size=40,
-                num_hidden_layers=3,
-                num_attention_heads=5,
-                intermediate_size=37,
-                max_position_embeddings=512,
-            )
-        )
-        if arch == "roberta":
-            model = tf.RobertaModel(model.config)
+        model = build()
         with torch.no_grad():
             for param in model.parameters():
                 if param.dim() == 1:
@@ -106,7 +107,7 @@ def awkward(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @needs_kernel
-@pytest.mark.parametrize("arch", ["bert", "roberta"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_the_kernel_gives_transformers_hidden_states(
     arch: str, awkward: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -118,17 +119,18 @@ def test_the_kernel_gives_transformers_hidden_states(
     reference = tf.AutoModel.from_pretrained(folder).eval()
     for lengths in ([1], [16], [7, 9, 30], [63], [5] * 12, [200, 3]):
         ids, types, positions, seqs = _packed(lengths, spec.position_offset, seed=len(lengths))
-        if arch == "roberta":
+        if arch != "bert":
             types = torch.zeros_like(types)
         with torch.inference_mode():
             got = kernel(ids, types, positions, seqs)
             for i, n in enumerate(lengths):
                 rows = slice(int(seqs.cu_seqlens[i]), int(seqs.cu_seqlens[i + 1]))
-                want = reference(
-                    input_ids=ids[rows][None],
-                    token_type_ids=types[rows][None],
-                    position_ids=positions[rows][None],
-                ).last_hidden_state[0]
+                inputs = {"input_ids": ids[rows][None], "position_ids": positions[rows][None]}
+                if arch in ("bert", "roberta"):
+                    inputs["token_type_ids"] = types[rows][None]
+                if arch == "distilbert":  # positions from 0, always
+                    del inputs["position_ids"]
+                want = reference(**inputs).last_hidden_state[0]
                 assert got[rows].shape == (n, 40)
                 diff = float((got[rows] - want).abs().max())
                 assert diff < 2e-5, (arch, lengths, i, diff)
@@ -237,15 +239,15 @@ def test_starts_that_cannot_build_the_kernel_serve_without_it(
     assert_close_vectors(query, st_encode(minilm, ["a short query"]), max_abs=1e-6)
 
 
-def test_the_kernel_is_offered_only_for_float32_bert_layers(
-    tiny_bert_family: Any, tmp_path: Path
+def test_the_kernel_is_offered_only_for_float32_post_norm_layers(
+    awkward: dict[str, Path], tmp_path: Path
 ) -> None:
-    for arch in ("distilbert", "mpnet"):
-        other = TorchBackend(_spec(make_tiny(tmp_path / arch, arch)), "cpu", "float32")
-        assert kernel_candidate(other.model.encoder, torch.float32, tmp_path) is None
-    bert = TorchBackend(_spec(tiny_bert_family("bert")), "cpu", "float32")
-    assert kernel_candidate(bert.model.encoder, torch.bfloat16, tmp_path) is None
-    if _why_no_kernel() is None:
-        assert kernel_candidate(bert.model.encoder, torch.float32, tmp_path) is not None
+    modern = TorchBackend(_spec(make_tiny(tmp_path / "modernbert", "modernbert")), "cpu")
+    assert kernel_candidate(modern.model.encoder, torch.float32, tmp_path) is None
+    for arch in ARCHS:
+        encoder = TorchBackend(_spec(awkward[arch]), "cpu", "float32").model.encoder
+        assert kernel_candidate(encoder, torch.bfloat16, tmp_path) is None
+        if _why_no_kernel() is None:
+            assert kernel_candidate(encoder, torch.float32, tmp_path) is not None
     if os.environ.get("VECTORPRESS_PORTABLE_CPU"):
         assert load_library(tmp_path) is None

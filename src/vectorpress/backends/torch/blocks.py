@@ -68,6 +68,21 @@ def merged(*linears: nn.Linear, act: str | None = None, fast: bool = True) -> Fu
     return FusedLinear(weight, bias, act, fast=fast)
 
 
+@dataclass(frozen=True)
+class PostNormParts:
+    """The modules of a post-LayerNorm encoder layer (BERT, DistilBERT, MPNet) under their
+    state dict's names: what its fused GEMMs and the short-pass kernel (`short_kernel.py`) are
+    built from."""
+
+    heads: int
+    qkv: tuple[nn.Linear, nn.Linear, nn.Linear]
+    attn_out: nn.Linear
+    ffn: tuple[nn.Linear, nn.Linear]
+    act: str
+    attn_norm: nn.LayerNorm
+    ffn_norm: nn.LayerNorm
+
+
 @dataclass
 class FusedPostNormLayer:
     """The GEMMs of a post-LayerNorm encoder layer (DistilBERT, MPNet): Q, K and V as one
@@ -80,21 +95,13 @@ class FusedPostNormLayer:
     ffn_out: FusedLinear
 
     @classmethod
-    def of(
-        cls,
-        heads: int,
-        qkv: tuple[nn.Linear, nn.Linear, nn.Linear],
-        attn_out: nn.Linear,
-        ffn: tuple[nn.Linear, nn.Linear],
-        act: str,
-        fast: bool = True,
-    ) -> FusedPostNormLayer:
+    def of(cls, parts: PostNormParts, fast: bool = True) -> FusedPostNormLayer:
         return cls(
-            heads,
-            merged(*qkv, fast=fast),
-            FusedLinear.of(attn_out, fast=fast),
-            FusedLinear.of(ffn[0], act, fast=fast),
-            FusedLinear.of(ffn[1], fast=fast),
+            parts.heads,
+            merged(*parts.qkv, fast=fast),
+            FusedLinear.of(parts.attn_out, fast=fast),
+            FusedLinear.of(parts.ffn[0], parts.act, fast=fast),
+            FusedLinear.of(parts.ffn[1], fast=fast),
         )
 
     def __call__(

@@ -1,4 +1,5 @@
-/* A short pass of a post-LayerNorm encoder (BERT's layer) in float32, one call for every layer.
+/* A short pass of a post-LayerNorm encoder (BERT's, DistilBERT's and MPNet's layer) in float32,
+   one call for every layer.
 
    Built and loaded by short_kernel.py, which says why. The tokens of a pass are packed: row r
    of `x` is one token, and `cu` holds the sequences' bounds (cu[0] = 0, cu[n] = rows); attention
@@ -112,9 +113,11 @@ static inline float dot(const float *a, const float *b, int64_t n) {
     return _mm512_reduce_add_ps(acc);
 }
 
-/* Softmax attention of each sequence's tokens to each other, one (sequence, head) per task. */
+/* Softmax attention of each sequence's tokens to each other, one (sequence, head) per task.
+   `bias` (or NULL): an additive score bias, `[heads][span][span]`, that depends on j - i only
+   (MPNet's relative positions), so every sequence reads its top-left corner. */
 static void attention(const float *qkv, const int32_t *cu, int64_t seqs, int64_t hidden,
-                      int64_t heads, float *ctx) {
+                      int64_t heads, const float *bias, int64_t span, float *ctx) {
     int64_t dim = hidden / heads, stride = 3 * hidden;
     float scale = 1.0f / sqrtf((float)dim);
 #pragma omp for schedule(static)
@@ -125,8 +128,10 @@ static void attention(const float *qkv, const int32_t *cu, int64_t seqs, int64_t
         float p[len];
         for (int64_t i = 0; i < len; i++) {
             float top = -INFINITY, sum = 0.0f;
+            const float *add = bias ? bias + (h * span + i) * span : 0;
             for (int64_t j = 0; j < len; j++) {
                 p[j] = dot(q + i * stride, k + j * stride, dim) * scale;
+                if (add) p[j] += add[j];
                 top = p[j] > top ? p[j] : top;
             }
             for (int64_t j = 0; j < len; j++) {
@@ -172,18 +177,20 @@ static void layer_norm(const float *in, int64_t rows, int64_t n, const float *w,
     }
 }
 
-/* Runs `n_layers` layers over x[rows, hidden] in place. `scratch` holds
+/* Runs `n_layers` layers over x[rows, hidden] in place, every layer adding `bias` (or NULL, see
+   attention; `span` at least the longest sequence) to its scores. `scratch` holds
    rows * (5 * hidden + inner) floats. */
 void vp_post_norm_encoder(const Layer *layers, int64_t n_layers, float *x, int64_t rows,
                           int64_t hidden, int64_t inner, int64_t heads, const int32_t *cu,
-                          int64_t seqs, float *scratch, int threads) {
+                          int64_t seqs, const float *bias, int64_t span, float *scratch,
+                          int threads) {
     float *qkv = scratch, *ctx = qkv + rows * 3 * hidden, *sum = ctx + rows * hidden;
     float *inner_out = sum + rows * hidden;
 #pragma omp parallel num_threads(threads)
     for (int64_t l = 0; l < n_layers; l++) {
         const Layer *L = layers + l;
         linear(x, rows, hidden, L->qkv, L->qkv_bias, 3 * hidden, 0, qkv, 0);
-        attention(qkv, cu, seqs, hidden, heads, ctx);
+        attention(qkv, cu, seqs, hidden, heads, bias, span, ctx);
         linear(ctx, rows, hidden, L->attn_out, L->attn_out_bias, hidden, x, sum, 0);
         layer_norm(sum, rows, hidden, L->norm1, L->norm1_bias, L->eps1, x);
         linear(x, rows, hidden, L->ffn_in, L->ffn_in_bias, inner, 0, inner_out, 1);

@@ -1,4 +1,5 @@
-"""Short float32 CPU passes of BERT-family encoders on a small compiled kernel
+"""Short float32 CPU passes of post-LayerNorm encoders (BERT, DistilBERT, MPNet) on a small
+compiled kernel
 (`short_kernel.c`), where start-up timed it faster than the other short paths
 (`passes.plan_passes`).
 
@@ -15,9 +16,9 @@ MKL's 2.0 with their weights in the caches, and 3.7 on oneDNN with every layer's
 
 It is compiled once with the system's C compiler (`$CC`, else `cc`) into the build cache and
 loaded from there after; where there is no compiler, no AVX-512 or no glibc vector math
-(libmvec's erf), short passes keep their other paths. Float32 only, BERT's layer only (erf
-GELU, post-LayerNorm, absolute positions): what the bundled model and most sentence encoders
-are.
+(libmvec's erf), short passes keep their other paths. Float32 only, post-LayerNorm layers with
+erf GELU (BERT, RoBERTa, XLM-R, DistilBERT; MPNet with its relative position bias): the bundled
+model and most sentence encoders.
 """
 
 from __future__ import annotations
@@ -30,13 +31,14 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
 from vectorpress.backends.common.sequences import PackedSequences
+from vectorpress.backends.torch.blocks import PostNormParts
 from vectorpress.backends.torch.layers import portable_cpu
-from vectorpress.backends.torch.models.bert import BertLayer, BertModel
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,20 @@ FLAGS = [
 LIBS = ["-lmvec", "-lm"]
 PANEL = 48  # the kernel's PANEL
 COMPILE_TIMEOUT = 120.0
+
+
+@runtime_checkable
+class PostNormEncoder(Protocol):
+    """A model file's encoder the kernel can run: its embeddings, its layers' modules, and the
+    additive score bias its attention adds (None for none)."""
+
+    def embed(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, position_ids: torch.Tensor
+    ) -> torch.Tensor: ...
+
+    def layer_parts(self) -> list[PostNormParts]: ...
+
+    def score_bias(self, length: int) -> torch.Tensor | None: ...
 
 
 class _Layer(ctypes.Structure):
@@ -159,6 +175,8 @@ def load_library(cache_dir: Path) -> ctypes.CDLL | None:
         ctypes.c_int64,  # heads
         ctypes.c_void_p,  # cu
         ctypes.c_int64,  # seqs
+        ctypes.c_void_p,  # bias
+        ctypes.c_int64,  # span
         ctypes.c_void_p,  # scratch
         ctypes.c_int,  # threads
     ]
@@ -185,14 +203,12 @@ class ShortKernel:
     """The encoder's last hidden states from the compiled kernel, in the packed layout: called
     as the native encoder is, `(input_ids, token_type_ids, position_ids, seqs)`."""
 
-    def __init__(self, lib: ctypes.CDLL, encoder: BertModel) -> None:
+    def __init__(self, lib: ctypes.CDLL, encoder: PostNormEncoder) -> None:
         self.lib = lib
-        self.embeddings = encoder.embeddings
-        layers = [layer for layer in encoder.encoder.layer if isinstance(layer, BertLayer)]
-        first = layers[0]
-        self.heads = first.heads
-        self.hidden = first.intermediate.dense.in_features
-        self.inner = first.intermediate.dense.out_features
+        self.encoder = encoder
+        layers = encoder.layer_parts()
+        self.heads = layers[0].heads
+        self.hidden, self.inner = layers[0].ffn[0].in_features, layers[0].ffn[0].out_features
         self.keep: list[torch.Tensor] = []  # what the pointers point at
 
         def ptr(t: torch.Tensor) -> int:
@@ -201,17 +217,16 @@ class ShortKernel:
             return t.data_ptr()
 
         table = (_Layer * len(layers))()
-        for entry, layer in zip(table, layers, strict=True):
-            sa = layer.attention.self
-            norm1, norm2 = layer.attention.output.LayerNorm, layer.output.LayerNorm
+        for entry, parts in zip(table, layers, strict=True):
             for name, linears in (
-                ("qkv", (sa.query, sa.key, sa.value)),
-                ("attn_out", (layer.attention.output.dense,)),
-                ("ffn_in", (layer.intermediate.dense,)),
-                ("ffn_out", (layer.output.dense,)),
+                ("qkv", parts.qkv),
+                ("attn_out", (parts.attn_out,)),
+                ("ffn_in", (parts.ffn[0],)),
+                ("ffn_out", (parts.ffn[1],)),
             ):
                 setattr(entry, name, ptr(panels(torch.cat([lin.weight for lin in linears]))))
                 setattr(entry, f"{name}_bias", ptr(torch.cat([_bias(lin) for lin in linears])))
+            norm1, norm2 = parts.attn_norm, parts.ffn_norm
             entry.norm1, entry.norm1_bias = ptr(norm1.weight), ptr(norm1.bias)
             entry.norm2, entry.norm2_bias = ptr(norm2.weight), ptr(norm2.bias)
             entry.eps1, entry.eps2 = norm1.eps, norm2.eps
@@ -226,7 +241,11 @@ class ShortKernel:
         seqs: PackedSequences,
     ) -> torch.Tensor:
         with torch.inference_mode():
-            x = self.embeddings(input_ids, token_type_ids, position_ids).contiguous()
+            x = self.encoder.embed(input_ids, token_type_ids, position_ids).contiguous()
+            span = max(seqs.lengths)
+            bias = self.encoder.score_bias(span)
+            if bias is not None:
+                bias = bias.float().contiguous()
         rows = x.shape[0]
         cu = seqs.cu_seqlens.to(torch.int32).contiguous()
         scratch = torch.empty(rows * (5 * self.hidden + self.inner))
@@ -240,6 +259,8 @@ class ShortKernel:
             self.heads,
             cu.data_ptr(),
             seqs.size,
+            bias.data_ptr() if bias is not None else None,
+            span,
             scratch.data_ptr(),
             torch.get_num_threads(),
         )
@@ -247,23 +268,23 @@ class ShortKernel:
 
 
 def kernel_fits(encoder: nn.Module, dtype: torch.dtype) -> bool:
-    """Whether `encoder` is the kernel's: BERT's layer with erf GELU, in float32, its LayerNorm
-    weights and biases there."""
-    if dtype != torch.float32 or type(encoder) is not BertModel:
+    """Whether `encoder` is the kernel's: post-LayerNorm layers with erf GELU and LayerNorm
+    biases, in float32."""
+    if dtype != torch.float32 or not isinstance(encoder, PostNormEncoder):
         return False
-    layers = list(encoder.encoder.layer)
+    layers = encoder.layer_parts()
     return bool(layers) and all(
-        type(layer) is BertLayer
-        and layer.act_name == "gelu"
-        and layer.attention.output.LayerNorm.bias is not None
-        and layer.output.LayerNorm.bias is not None
-        for layer in layers
+        parts.act == "gelu"
+        and parts.attn_norm.bias is not None
+        and parts.ffn_norm.bias is not None
+        and parts.attn_out.in_features == parts.ffn[0].in_features
+        for parts in layers
     )
 
 
 def kernel_candidate(encoder: nn.Module, dtype: torch.dtype, cache_dir: Path) -> ShortKernel | None:
     """A ShortKernel for `encoder`, or None where the kernel does not fit or build."""
-    if not isinstance(encoder, BertModel) or not kernel_fits(encoder, dtype):
+    if not isinstance(encoder, PostNormEncoder) or not kernel_fits(encoder, dtype):
         return None
     lib = load_library(cache_dir)
     return ShortKernel(lib, encoder) if lib is not None else None

@@ -16,7 +16,13 @@ import torch
 from torch import nn
 
 from vectorpress.backends.common.sequences import PackedSequences
-from vectorpress.backends.torch.blocks import Fusable, FusedModel, FusedPostNormLayer, built
+from vectorpress.backends.torch.blocks import (
+    Fusable,
+    FusedModel,
+    FusedPostNormLayer,
+    PostNormParts,
+    built,
+)
 
 
 class BertEmbeddings(nn.Module):
@@ -95,18 +101,22 @@ class BertLayer(PostNormFFN):
         super().__init__(cfg)
         self.attention = BertAttention(cfg["hidden_size"], cfg.get("layer_norm_eps", 1e-12))
 
-    def fuse(self, fast: bool = True) -> None:
-        """Prepare the layer's GEMMs once the weights are final: Q, K and V as one projection,
-        the FFN activation fused into its GEMM, weights in the kernel's layout."""
+    def parts(self) -> PostNormParts:
         sa = self.attention.self
-        self.fused = FusedPostNormLayer.of(
+        return PostNormParts(
             self.heads,
             (sa.query, sa.key, sa.value),
             self.attention.output.dense,
             (self.intermediate.dense, self.output.dense),
             self.act_name,
-            fast,
+            self.attention.output.LayerNorm,
+            self.output.LayerNorm,
         )
+
+    def fuse(self, fast: bool = True) -> None:
+        """Prepare the layer's GEMMs once the weights are final: Q, K and V as one projection,
+        the FFN activation fused into its GEMM, weights in the kernel's layout."""
+        self.fused = FusedPostNormLayer.of(self.parts(), fast)
 
     def forward(self, x: torch.Tensor, seqs: PackedSequences) -> torch.Tensor:
         norm = self.attention.output.LayerNorm
@@ -134,7 +144,20 @@ class BertModel(FusedModel):
         position_ids: torch.Tensor,
         seqs: PackedSequences,
     ) -> torch.Tensor:
-        x = self.embeddings(input_ids, token_type_ids, position_ids)
+        x = self.embed(input_ids, token_type_ids, position_ids)
         for layer in self.encoder.layer:
             x = layer(x, seqs)
         return x
+
+    # What the short-pass kernel runs (`short_kernel.py`'s PostNormEncoder).
+    def embed(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, position_ids: torch.Tensor
+    ) -> torch.Tensor:
+        out: torch.Tensor = self.embeddings(input_ids, token_type_ids, position_ids)
+        return out
+
+    def layer_parts(self) -> list[PostNormParts]:
+        return [layer.parts() for layer in self.encoder.layer]  # type: ignore[operator]
+
+    def score_bias(self, length: int) -> torch.Tensor | None:
+        return None

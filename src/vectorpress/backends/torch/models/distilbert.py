@@ -13,7 +13,13 @@ import torch
 from torch import nn
 
 from vectorpress.backends.common.sequences import PackedSequences
-from vectorpress.backends.torch.blocks import Fusable, FusedModel, FusedPostNormLayer, built
+from vectorpress.backends.torch.blocks import (
+    Fusable,
+    FusedModel,
+    FusedPostNormLayer,
+    PostNormParts,
+    built,
+)
 
 _EPS = 1e-12
 
@@ -59,16 +65,20 @@ class TransformerBlock(Fusable):
         self.output_layer_norm = nn.LayerNorm(dim, eps=_EPS)
         self.fused: FusedPostNormLayer | None = None
 
-    def fuse(self, fast: bool = True) -> None:
+    def parts(self) -> PostNormParts:
         sa = self.attention
-        self.fused = FusedPostNormLayer.of(
+        return PostNormParts(
             sa.heads,
             (sa.q_lin, sa.k_lin, sa.v_lin),
             sa.out_lin,
             (self.ffn.lin1, self.ffn.lin2),
             self.act_name,
-            fast,
+            self.sa_layer_norm,
+            self.output_layer_norm,
         )
+
+    def fuse(self, fast: bool = True) -> None:
+        self.fused = FusedPostNormLayer.of(self.parts(), fast)
 
     def forward(self, x: torch.Tensor, seqs: PackedSequences) -> torch.Tensor:
         return built(self.fused)(x, seqs, self.sa_layer_norm, self.output_layer_norm)
@@ -95,7 +105,20 @@ class DistilBertModel(FusedModel):
         position_ids: torch.Tensor,
         seqs: PackedSequences,
     ) -> torch.Tensor:
-        x = self.embeddings(input_ids, position_ids)
+        x = self.embed(input_ids, token_type_ids, position_ids)
         for layer in self.transformer.layer:
             x = layer(x, seqs)
         return x
+
+    # What the short-pass kernel runs (`short_kernel.py`'s PostNormEncoder).
+    def embed(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, position_ids: torch.Tensor
+    ) -> torch.Tensor:
+        out: torch.Tensor = self.embeddings(input_ids, position_ids)
+        return out
+
+    def layer_parts(self) -> list[PostNormParts]:
+        return [layer.parts() for layer in self.transformer.layer]  # type: ignore[operator]
+
+    def score_bias(self, length: int) -> torch.Tensor | None:
+        return None

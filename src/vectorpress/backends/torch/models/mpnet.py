@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from vectorpress.backends.common.sequences import PackedSequences
-from vectorpress.backends.torch.blocks import FusedModel, FusedPostNormLayer, built
+from vectorpress.backends.torch.blocks import FusedModel, FusedPostNormLayer, PostNormParts, built
 from vectorpress.backends.torch.models.bert import PostNormFFN
 
 _BUCKETS = 32
@@ -76,16 +76,20 @@ class MPNetLayer(PostNormFFN):
         super().__init__(cfg)
         self.attention = MPNetAttention(cfg["hidden_size"], cfg.get("layer_norm_eps", 1e-12))
 
-    def fuse(self, fast: bool = True) -> None:
+    def parts(self) -> PostNormParts:
         sa = self.attention.attn
-        self.fused = FusedPostNormLayer.of(
+        return PostNormParts(
             self.heads,
             (sa.q, sa.k, sa.v),
             sa.o,
             (self.intermediate.dense, self.output.dense),
             self.act_name,
-            fast,
+            self.attention.LayerNorm,
+            self.output.LayerNorm,
         )
+
+    def fuse(self, fast: bool = True) -> None:
+        self.fused = FusedPostNormLayer.of(self.parts(), fast)
 
     def forward(self, x: torch.Tensor, seqs: PackedSequences, bias: Any) -> torch.Tensor:
         fused = built(self.fused)
@@ -116,18 +120,32 @@ class MPNetModel(FusedModel):
         position_ids: torch.Tensor,
         seqs: PackedSequences,
     ) -> torch.Tensor:
-        x = self.embeddings(input_ids, position_ids)
-        table = self.encoder.relative_attention_bias
+        x = self.embed(input_ids, token_type_ids, position_ids)
         cache: dict[tuple[int, torch.dtype], torch.Tensor] = {}
 
         def bias(length: int, dtype: torch.dtype) -> torch.Tensor:
             # One (heads, L, L) bias per distinct length and dtype, shared by every layer of the
             # batch: a bfloat16 model's attention asks for float32 on the CPU (attention.py).
             if (length, dtype) not in cache:
-                buckets = relative_buckets(length, x.device)
-                cache[(length, dtype)] = table(buckets).permute(2, 0, 1).to(dtype)
+                cache[(length, dtype)] = self.score_bias(length).to(dtype)
             return cache[(length, dtype)]
 
         for layer in self.encoder.layer:
             x = layer(x, seqs, bias)
         return x
+
+    # What the short-pass kernel runs (`short_kernel.py`'s PostNormEncoder).
+    def embed(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, position_ids: torch.Tensor
+    ) -> torch.Tensor:
+        out: torch.Tensor = self.embeddings(input_ids, position_ids)
+        return out
+
+    def layer_parts(self) -> list[PostNormParts]:
+        return [layer.parts() for layer in self.encoder.layer]  # type: ignore[operator]
+
+    def score_bias(self, length: int) -> torch.Tensor:
+        """The `(heads, L, L)` relative position bias of a sequence of `length` tokens: it
+        depends on j - i only, so a shorter sequence's is the top-left corner of a longer's."""
+        table = self.encoder.relative_attention_bias
+        return table(relative_buckets(length, table.weight.device)).permute(2, 0, 1)

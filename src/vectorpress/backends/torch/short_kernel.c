@@ -108,7 +108,8 @@ static inline float dot(const float *a, const float *b, int64_t n) {
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < n; i += 16) {
         __mmask16 m = lanes(n - i);
-        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i),
+                              acc);
     }
     return _mm512_reduce_add_ps(acc);
 }
@@ -159,7 +160,8 @@ static void layer_norm(const float *in, int64_t rows, int64_t n, const float *w,
         const float *x = in + r * n;
         float *y = out + r * n;
         __m512 acc = _mm512_setzero_ps();
-        for (int64_t i = 0; i < n; i += 16) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(lanes(n - i), x + i));
+        for (int64_t i = 0; i < n; i += 16)
+            acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(lanes(n - i), x + i));
         __m512 mean = _mm512_set1_ps(_mm512_reduce_add_ps(acc) / (float)n);
         acc = _mm512_setzero_ps();
         for (int64_t i = 0; i < n; i += 16) {
@@ -171,7 +173,8 @@ static void layer_norm(const float *in, int64_t rows, int64_t n, const float *w,
         for (int64_t i = 0; i < n; i += 16) {
             __mmask16 m = lanes(n - i);
             __m512 d = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), mean), inv);
-            __m512 v = _mm512_fmadd_ps(d, _mm512_maskz_loadu_ps(m, w + i), _mm512_maskz_loadu_ps(m, b + i));
+            __m512 v = _mm512_fmadd_ps(d, _mm512_maskz_loadu_ps(m, w + i),
+                                       _mm512_maskz_loadu_ps(m, b + i));
             _mm512_mask_storeu_ps(y + i, m, v);
         }
     }

@@ -31,7 +31,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeGuard, runtime_checkable
 
 import torch
 from torch import nn
@@ -267,7 +267,7 @@ class ShortKernel:
         return x
 
 
-def kernel_fits(encoder: nn.Module, dtype: torch.dtype) -> bool:
+def kernel_fits(encoder: nn.Module, dtype: torch.dtype) -> TypeGuard[PostNormEncoder]:
     """Whether `encoder` is the kernel's: post-LayerNorm layers with erf GELU and LayerNorm
     biases, in float32."""
     if dtype != torch.float32 or not isinstance(encoder, PostNormEncoder):
@@ -284,7 +284,7 @@ def kernel_fits(encoder: nn.Module, dtype: torch.dtype) -> bool:
 
 def kernel_candidate(encoder: nn.Module, dtype: torch.dtype, cache_dir: Path) -> ShortKernel | None:
     """A ShortKernel for `encoder`, or None where the kernel does not fit or build."""
-    if not isinstance(encoder, PostNormEncoder) or not kernel_fits(encoder, dtype):
+    if not kernel_fits(encoder, dtype):
         return None
     lib = load_library(cache_dir)
     return ShortKernel(lib, encoder) if lib is not None else None

@@ -3,18 +3,21 @@
 
 A test writes a tiny checkpoint folder, names a script of tests/refscripts/ and a JSON request,
 and reads the script's JSON answer back: the reference never imports vectorpress, and the
-project never imports the reference.
+project never imports the reference. The scripts run in one worker process for the session
+(`tests/refscripts/worker.py`), which imports the libraries once.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import select
 import subprocess
-import sys
 import tempfile
+import threading
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "tests" / "refscripts"
@@ -32,24 +35,79 @@ def ref_python() -> Path:
     return path
 
 
-def run_reference(script: str, request: dict[str, Any], timeout: float = 600.0) -> Any:
-    """Run tests/refscripts/<script>.py on `request` in the reference venv; its JSON answer."""
-    with tempfile.TemporaryDirectory(prefix="vp-ref-") as tmp:
-        req, out = Path(tmp) / "request.json", Path(tmp) / "answer.json"
-        req.write_text(json.dumps(request))
+class _Worker:
+    """tests/refscripts/worker.py in the reference venv; its stderr goes to a file, which a
+    pipe nobody reads would fill."""
+
+    def __init__(self) -> None:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
-        done = subprocess.run(
-            [str(ref_python()), str(SCRIPTS / f"{script}.py"), str(req), str(out)],
-            capture_output=True,
-            text=True,
+        self.log: IO[bytes] = tempfile.TemporaryFile(prefix="vp-ref-worker-")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [str(ref_python()), str(SCRIPTS / "worker.py")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
             env=env,
-            timeout=timeout,
-            check=False,
         )
-        if done.returncode != 0:
-            sys.stderr.write(done.stderr)
-            raise RuntimeError(
-                f"reference {script} failed ({done.returncode}): {done.stderr[-2000:]}"
-            )
+
+    def log_tail(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")[-2000:]
+
+    def run(self, script: str, request: Path, answer: Path, timeout: float) -> dict[str, Any]:
+        """The worker's reply to one job; raises where the worker died or ran past `timeout`
+        (and is then stopped: the next job starts another)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        job = {"script": script, "request": str(request), "answer": str(answer)}
+        try:
+            self.proc.stdin.write((json.dumps(job) + "\n").encode())
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # it died: the read below says so
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else b""
+        if not line:
+            self.stop()
+            why = "ran past its timeout" if not ready else f"exited ({self.proc.returncode})"
+            raise RuntimeError(f"reference {script}: the worker {why}: {self.log_tail()}")
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+_worker: _Worker | None = None
+_lock = threading.Lock()
+
+
+def _stop_worker() -> None:
+    if _worker is not None and _worker.alive():
+        _worker.stop()
+
+
+atexit.register(_stop_worker)
+
+
+def run_reference(script: str, request: dict[str, Any], timeout: float = 600.0) -> Any:
+    """Run tests/refscripts/<script>.py on `request` in the reference venv; its JSON answer."""
+    global _worker
+    with _lock, tempfile.TemporaryDirectory(prefix="vp-ref-") as tmp:
+        req, out = Path(tmp) / "request.json", Path(tmp) / "answer.json"
+        req.write_text(json.dumps(request))
+        if _worker is None or not _worker.alive():
+            _worker = _Worker()
+        reply = _worker.run(script, req, out, timeout)
+        if not reply["ok"]:
+            raise RuntimeError(f"reference {script} failed: {reply['error'][-2000:]}")
         return json.loads(out.read_text())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,11 @@ from tests.helpers.reference import assert_close_vectors, st_encode
 from tests.helpers.texts import mixed_texts
 from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.backends.common.threads import num_threads
+from vectorpress.backends.torch import backend as backend_module
 from vectorpress.backends.torch import short_kernel
 from vectorpress.backends.torch.backend import TorchBackend
 from vectorpress.backends.torch.passes import (
+    GRAPH,
     KERNEL,
     SMALL_PASS_TOKENS,
     CpuPasses,
@@ -237,6 +240,31 @@ def test_starts_that_cannot_build_the_kernel_serve_without_it(
     assert query is not None
     query /= np.linalg.norm(query, axis=1, keepdims=True)
     assert_close_vectors(query, st_encode(minilm, ["a short query"]), max_abs=1e-6)
+
+
+@needs_kernel
+def test_where_the_kernel_builds_the_graph_is_not_exported(
+    tiny_bert_family: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("onnxruntime")
+    spec = _spec(tiny_bert_family())
+    offered: list[str] = []
+
+    def timed(encoder: Any, offset: int, *, shortcuts: tuple[Shortcut, ...]) -> PassPlan:
+        offered.extend(s.name for s in shortcuts)
+        return ON_KERNEL if KERNEL in offered else PassPlan(False, False)
+
+    monkeypatch.setattr(backend_module, "plan_passes", timed)
+    TorchBackend(spec, "cpu", "float32", cache_dir=tmp_path / "with")
+    assert offered == [KERNEL]
+    assert list((tmp_path / "with" / "kernels").glob("short_kernel-*.so"))
+    assert not list((tmp_path / "with").rglob("*.onnx"))
+    # Where it cannot build, the graph is the one candidate.
+    offered.clear()
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    TorchBackend(spec, "cpu", "float32", cache_dir=tmp_path / "without")
+    assert offered == [GRAPH]
+    assert list((tmp_path / "without").rglob("model.onnx"))
 
 
 def test_the_kernel_is_offered_only_for_float32_post_norm_layers(

@@ -1,5 +1,6 @@
 """Short CPU passes on the encoder's ONNX graph, run by ONNX Runtime, where start-up timed it
-faster than the native model (see `passes.plan_passes`).
+faster than the native model (see `passes.plan_passes`) and the compiled kernel does not build
+(`short_kernel.py`; `TorchBackend._shortcuts` says why not both).
 
 A one-query pass multiplies a handful of rows by every weight matrix. On a 2-core AVX2-only
 EPYC, torch's kernels for such GEMMs (oneDNN's, MKL's behind F.linear, MKL's packed ones) all

@@ -77,9 +77,10 @@ chromium:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
 
-test: $(VENV)/.dev $(STUBS) chromium $(REF_VENV)/.installed
-	$(BIN)/ruff check src tests bench
-	$(BIN)/mypy
+# The project's venv then the lint, the reference venv and the browser do not wait on each other:
+# two at a time (pip runs on one core), about a minute less on a fresh clone.
+test:
+	$(MAKE) --jobs=2 --output-sync=target lint $(STUBS) chromium $(REF_VENV)/.installed
 	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(BIN)/python -m pytest
 
 clean:

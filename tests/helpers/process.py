@@ -83,7 +83,7 @@ class ServerProcess:
                     pass
                 if time.monotonic() > deadline:
                     raise AssertionError(f"server never answered /health:\n{self.output()[-4000:]}")
-                time.sleep(0.2)
+                time.sleep(0.05)
         except BaseException:
             self.stop()
             raise

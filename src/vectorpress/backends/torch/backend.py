@@ -263,11 +263,12 @@ class TorchBackend:
 
         Not both, measured on the AMX Xeon: the kernel ran all-MiniLM-L6-v2's 16-token query
         in 2.00 ms against the graph's 2.46 (five alternated blocks) and all-mpnet-base-v2's
-        about level with it (24.1 ms each in the plan: its 340 MB of weights come from memory
-        either way), while the graph's export and fusion took a first start to Ready in 10.1 s
-        (MiniLM) and 18.1 s at a 3.0 GB peak (mpnet) against 2.6 s and 6.0 s at 1.6 GB without
-        it; and MiniLM's first starts, timed right after the export and fusion, kept the graph
-        where every later start, on the cached graph, kept the kernel."""
+        in 18.5 against 19.4 (oneDNN 25.5; three alternated blocks: its 340 MB of weights
+        come from memory either way), while the graph's export and fusion took a first start
+        to Ready in 10.1 s (MiniLM) and 18.1 s at a 3.0 GB peak (mpnet) against 2.6 s and
+        6.0 s at 1.6 GB without it; and MiniLM's first starts, timed right after the export
+        and fusion, kept the graph where every later start, on the cached graph, kept the
+        kernel."""
         parameters = sum(p.numel() for p in encoder.parameters())
         if parameters > MAX_PARAMETERS:
             return ()

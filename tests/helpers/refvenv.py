@@ -42,6 +42,7 @@ class _Worker:
     def __init__(self) -> None:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+        # Open for the worker's whole life, not one block: closed with it at the process' end.
         self.log: IO[bytes] = tempfile.TemporaryFile(prefix="vp-ref-worker-")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [str(ref_python()), str(SCRIPTS / "worker.py")],

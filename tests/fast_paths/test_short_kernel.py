@@ -1,8 +1,9 @@
-"""Short float32 CPU passes of BERT-family encoders on the compiled kernel
-(backends/torch/short_kernel.py): the hidden states transformers gives, the vectors
-sentence-transformers gives through the server's backend, vectors that do not depend on a
-pass's other texts or thread count, the start-up plan that chooses it, and starts that cannot
-build it."""
+"""Short CPU passes of BERT-family encoders on the compiled kernel
+(backends/torch/short_kernel.py): in float32 the hidden states transformers gives and the
+vectors sentence-transformers gives through the server's backend; in bfloat16 (AMX, or the
+float32 path on the bfloat16 weights) the values the bfloat16 model gives; vectors that do not
+depend on a pass's other texts or thread count, the start-up plan that chooses it, and starts
+that cannot build it."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch
 from tests.helpers.batches import tokenized_batches
 from tests.helpers.checkpoints import copy_tokenizer, make_tiny, write_st_files
 from tests.helpers.cpu import needs_onednn
+from tests.helpers.mpnet import mpnet_path
 from tests.helpers.passes import timed_shortcuts
 from tests.helpers.reference import assert_close_vectors, st_encode
 from tests.helpers.texts import mixed_texts
@@ -27,6 +29,7 @@ from vectorpress.backends.common.threads import num_threads
 from vectorpress.backends.torch import backend as backend_module
 from vectorpress.backends.torch import short_kernel
 from vectorpress.backends.torch.backend import TorchBackend
+from vectorpress.backends.torch.layers import onednn_supported
 from vectorpress.backends.torch.passes import (
     GRAPH,
     KERNEL,
@@ -37,6 +40,7 @@ from vectorpress.backends.torch.passes import (
     plan_passes,
 )
 from vectorpress.backends.torch.short_kernel import ShortKernel, kernel_candidate, load_library
+from vectorpress.cpus import cpu_flags
 from vectorpress.model_spec import ModelSpec, load_model_spec
 from vectorpress.settings import ModelSettings
 
@@ -50,6 +54,10 @@ def _why_no_kernel() -> str | None:
 
 
 needs_kernel = pytest.mark.skipif(_why_no_kernel() is not None, reason=str(_why_no_kernel()))
+needs_bf16 = pytest.mark.skipif(
+    not onednn_supported(torch.bfloat16), reason="this CPU has no native bfloat16 linear"
+)
+needs_amx = pytest.mark.skipif("amx_bf16" not in cpu_flags(), reason="this CPU has no AMX")
 ON_KERNEL = PassPlan(small_onednn=False, large_onednn=False, small_shortcut=KERNEL)
 
 
@@ -58,7 +66,8 @@ def _spec(folder: Path) -> ModelSpec:
 
 
 def _kernel(backend: TorchBackend, cache: Path) -> ShortKernel:
-    kernel = kernel_candidate(backend.model.encoder, torch.float32, cache)
+    dtype = torch.bfloat16 if backend.dtype == "bfloat16" else torch.float32
+    kernel = kernel_candidate(backend.model.encoder, dtype, cache)
     assert isinstance(kernel, ShortKernel)
     return kernel
 
@@ -172,11 +181,12 @@ def test_short_passes_on_the_kernel_give_sentence_transformers_vectors(
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=needs_bf16)])
 def test_a_texts_values_do_not_depend_on_its_pass_or_the_thread_count(
-    minilm: Path, tmp_path: Path
+    minilm: Path, tmp_path: Path, dtype: str
 ) -> None:
     spec = _spec(minilm)
-    kernel = _kernel(TorchBackend(spec, "cpu", "float32"), tmp_path)
+    kernel = _kernel(TorchBackend(spec, "cpu", dtype), tmp_path)
     ids, types, positions, seqs = _packed([11, 5, 17, 9], spec.position_offset)
     with torch.inference_mode(), num_threads(2):
         together = kernel(ids, types, positions, seqs)
@@ -187,6 +197,85 @@ def test_a_texts_values_do_not_depend_on_its_pass_or_the_thread_count(
         alone = kernel(*alone_args, alone_seqs)
     # Every value summed in the same order whatever else the pass holds: bit for bit.
     assert torch.equal(alone, together[start : start + 17])
+
+
+@needs_kernel
+@needs_bf16
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("amx", [pytest.param(True, marks=needs_amx), False])
+def test_bfloat16_passes_give_the_bfloat16_models_hidden_states(
+    arch: str, amx: bool, awkward: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not amx:  # the float32 path on the bfloat16 weights, as on a CPU without AMX
+        monkeypatch.setattr(short_kernel, "amx_ready", lambda lib: False)
+    spec = _spec(awkward[arch])
+    backend = TorchBackend(spec, "cpu", "bfloat16", cache_dir=tmp_path)
+    kernel = _kernel(backend, tmp_path)
+    assert kernel.bf16 == amx
+    encoder = backend.model.encoder
+    for lengths in ([1], [16], [7, 9, 30], [63], [5] * 12, [200, 3]):
+        ids, types, positions, seqs = _packed(lengths, spec.position_offset, seed=len(lengths))
+        if arch != "bert":
+            types = torch.zeros_like(types)
+        with torch.inference_mode():
+            got = kernel(ids, types, positions, seqs)
+            want = encoder(ids, types, positions, seqs).float()
+        assert got.dtype == torch.float32 and got.shape == want.shape
+        # Both round where the model rounds; they differ in the order of the sums, in
+        # attention's inner precision and, on the float32 path, in rounding nowhere.
+        cos = torch.nn.functional.cosine_similarity(got, want, dim=1)
+        assert float(cos.min()) > 0.999, (arch, lengths, float(cos.min()))
+        assert float((got - want).abs().max()) < 0.1, (arch, lengths)
+
+
+@needs_kernel
+@needs_bf16
+def test_bfloat16_short_passes_on_the_kernel_keep_the_bfloat16_bound(
+    minilm: Path, tmp_path: Path
+) -> None:
+    spec = _spec(minilm)
+    backend = TorchBackend(spec, "cpu", "bfloat16")
+    native = CpuPasses(plan=PassPlan(small_onednn=True, large_onednn=True))
+    kernel = _kernel(backend, tmp_path)
+    on_kernel = CpuPasses(plan=ON_KERNEL, shortcut=kernel)
+    texts = mixed_texts(24, seed=11)
+    batches = tokenized_batches(minilm, texts, size=1)
+    assert sum(len(b.input_ids) < SMALL_PASS_TOKENS for b in batches) >= 6
+
+    def vectors(passes: CpuPasses) -> np.ndarray:
+        backend.passes = passes
+        out = [backend.embed(b).pooled for b in batches]
+        got = np.concatenate([v for v in out if v is not None])
+        return got / np.linalg.norm(got, axis=1, keepdims=True)
+
+    fast, slow = vectors(on_kernel), vectors(native)
+    assert not np.allclose(fast, slow, atol=1e-6)  # not the same path
+    assert_close_vectors(fast, slow, min_cos=0.9999, what="kernel vs the model in bf16")
+    assert_close_vectors(fast, st_encode(minilm, texts), min_cos=0.9995, what="vs float32")
+
+
+@pytest.mark.slow
+@needs_kernel
+@needs_bf16
+def test_mpnets_most_sensitive_text_keeps_0999_alone_on_the_bfloat16_kernel(
+    tmp_path: Path,
+) -> None:
+    # A kernel that kept its residual stream and LayerNorms in float32 (more exact) put this
+    # text at cosine 0.9972 to float32, where the bfloat16 model gives 0.9999: its outlier
+    # dimension follows the model's roundings, so the kernel rounds where the model does.
+    folder = mpnet_path()
+    spec = _spec(folder)
+    (batch,) = tokenized_batches(
+        folder,
+        ["If encoding or errors is specified, then the object"],
+        position_offset=spec.position_offset,
+    )
+    want = TorchBackend(spec, "cpu", "float32").embed(batch).pooled
+    backend = TorchBackend(spec, "cpu", "bfloat16")
+    backend.passes = CpuPasses(plan=ON_KERNEL, shortcut=_kernel(backend, tmp_path))
+    got = backend.embed(batch).pooled
+    assert got is not None and want is not None
+    assert_close_vectors(got, want, min_cos=0.999, what="mpnet bf16 kernel vs fp32")
 
 
 @needs_onednn
@@ -267,15 +356,16 @@ def test_where_the_kernel_builds_the_graph_is_not_exported(
     assert list((tmp_path / "without").rglob("model.onnx"))
 
 
-def test_the_kernel_is_offered_only_for_float32_post_norm_layers(
+def test_the_kernel_is_offered_only_for_post_norm_layers_in_float32_or_bfloat16(
     awkward: dict[str, Path], tmp_path: Path
 ) -> None:
     modern = TorchBackend(_spec(make_tiny(tmp_path / "modernbert", "modernbert")), "cpu")
     assert kernel_candidate(modern.model.encoder, torch.float32, tmp_path) is None
     for arch in ARCHS:
         encoder = TorchBackend(_spec(awkward[arch]), "cpu", "float32").model.encoder
-        assert kernel_candidate(encoder, torch.bfloat16, tmp_path) is None
+        assert kernel_candidate(encoder, torch.float16, tmp_path) is None
         if _why_no_kernel() is None:
             assert kernel_candidate(encoder, torch.float32, tmp_path) is not None
+            assert kernel_candidate(encoder, torch.bfloat16, tmp_path) is not None
     if os.environ.get("VECTORPRESS_PORTABLE_CPU"):
         assert load_library(tmp_path) is None

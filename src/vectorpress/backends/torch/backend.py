@@ -209,8 +209,10 @@ class TorchBackend:
         if int8:
             model.encoder.fuse(False)  # F.linear until quantized below
         elif device == "cpu" and onednn_supported(torch_dtype):
-            if self.dtype == "float32" and short_graph_fits(spec, arch):
-                shortcuts = self._shortcuts(spec, model.encoder, cache_dir or build_cache())
+            if short_graph_fits(spec, arch):
+                shortcuts = self._shortcuts(
+                    spec, model.encoder, torch_dtype, cache_dir or build_cache()
+                )
             encoder = model.encoder
             plan = plan_when_quiet(
                 lambda: plan_passes(encoder, spec.position_offset, shortcuts=shortcuts)
@@ -255,9 +257,11 @@ class TorchBackend:
             self._quantize()
 
     @staticmethod
-    def _shortcuts(spec: ModelSpec, encoder: FusedModel, cache_dir: Path) -> tuple[Shortcut, ...]:
-        """The other way short float32 passes may run, for start-up to time: the compiled
-        kernel (`short_kernel.py`) where it builds, else the encoder's ONNX graph
+    def _shortcuts(
+        spec: ModelSpec, encoder: FusedModel, dtype: torch.dtype, cache_dir: Path
+    ) -> tuple[Shortcut, ...]:
+        """The other way short passes may run, for start-up to time: the compiled kernel
+        (`short_kernel.py`) where it builds, else, in float32, the encoder's ONNX graph
         (`short_graph.py`). Either keeps a second copy of the weights: base-sized encoders at
         most.
 
@@ -272,9 +276,11 @@ class TorchBackend:
         parameters = sum(p.numel() for p in encoder.parameters())
         if parameters > MAX_PARAMETERS:
             return ()
-        kernel = kernel_candidate(encoder, torch.float32, cache_dir)
+        kernel = kernel_candidate(encoder, dtype, cache_dir)
         if kernel is not None:
             return (Shortcut(KERNEL, kernel, (0, 1)),)
+        if dtype != torch.float32:
+            return ()
         graph = graph_candidate(spec, parameters, cache_dir)
         return () if graph is None else (Shortcut(GRAPH, graph, (1,)),)
 

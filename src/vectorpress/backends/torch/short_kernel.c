@@ -1,16 +1,20 @@
 /* A short pass of a post-LayerNorm encoder (BERT's, DistilBERT's and MPNet's layer) in float32,
-   one call for every layer.
+   one call for every layer; with bfloat16 weights, the linears multiply bfloat16 inputs by them
+   on AMX's tiles (float32 sums), the rest in float32 as before.
 
    Built and loaded by short_kernel.py, which says why. The tokens of a pass are packed: row r
    of `x` is one token, and `cu` holds the sequences' bounds (cu[0] = 0, cu[n] = rows); attention
    stays within each sequence.
 
-   Each output value of a linear layer is summed over its inputs in order, by one FMA chain: a
-   token's values do not depend on the other rows of its pass nor on the thread count. */
+   Each output value of a linear layer is summed over its inputs in order, by one FMA chain (in
+   bfloat16, one chain of tile products): a token's values do not depend on the other rows of its
+   pass nor on the thread count. */
 
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 /* glibc's vector erf (libmvec), as accurate as its scalar erff. */
 __m512 _ZGVeN16v_erff(__m512);
@@ -18,13 +22,19 @@ __m512 _ZGVeN16v_erff(__m512);
 enum { PANEL = 48, ROWS = 8 };
 
 typedef struct {
-    /* Weights in panels of PANEL output columns: [ceil(out / PANEL)][in][PANEL], the columns
-       past `out` zero. Q, K and V are one linear of 3 * hidden outputs, in that order. */
-    const float *qkv, *qkv_bias;
-    const float *attn_out, *attn_out_bias;
+    /* Weights in panels of PANEL output columns, the columns past `out` zero: float32 ones as
+       [ceil(out / PANEL)][in][PANEL]; bfloat16 ones as [ceil(out / PANEL)][pairs][PANEL][2],
+       each column's inputs in pairs (2i, 2i + 1), an odd `in` padded with a zero input. Q, K
+       and V are one linear of 3 * hidden outputs, in that order. */
+    const void *qkv;
+    const float *qkv_bias;
+    const void *attn_out;
+    const float *attn_out_bias;
     const float *norm1, *norm1_bias;
-    const float *ffn_in, *ffn_in_bias;
-    const float *ffn_out, *ffn_out_bias;
+    const void *ffn_in;
+    const float *ffn_in_bias;
+    const void *ffn_out;
+    const float *ffn_out_bias;
     const float *norm2, *norm2_bias;
     float eps1, eps2;
 } Layer;
@@ -33,10 +43,53 @@ static inline __mmask16 lanes(int64_t n) {
     return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
 }
 
+/* v rounded to bfloat16's precision, to nearest even (kept in float32). */
+static inline __m512 to_bf16_value(__m512 v) {
+    __m512i u = _mm512_castps_si512(v);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    u = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+    return _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+
 static inline __m512 gelu(__m512 v) {
     const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
     __m512 e = _ZGVeN16v_erff(_mm512_mul_ps(v, _mm512_set1_ps(0.70710678118654752f)));
     return _mm512_mul_ps(_mm512_mul_ps(half, v), _mm512_add_ps(one, e));
+}
+
+/* Writes c's first `rows` rows to out[rows, cols], the residual added and GELU'd if asked;
+   with `rnd`, every step's values rounded to bfloat16 as a bfloat16 model's ops round them (the
+   sums with their bias, the residual sum, the GELU). */
+static inline void finish(__m512 (*c)[3], int rows, const float *res, float *out, int64_t ld,
+                          int64_t cols, int act, int rnd) {
+    __mmask16 m[3] = {lanes(cols), lanes(cols - 16), lanes(cols - 32)};
+    for (int r = 0; r < rows; r++) {
+        float *o = out + r * ld;
+        for (int j = 0; j < 3; j++) {
+            __m512 v = c[r][j];
+            if (rnd) v = to_bf16_value(v);
+            if (res) {
+                v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m[j], res + r * ld + 16 * j));
+                if (rnd) v = to_bf16_value(v);
+            }
+            if (act) {
+                v = gelu(v);
+                if (rnd) v = to_bf16_value(v);
+            }
+            _mm512_mask_storeu_ps(o + 16 * j, m[j], v);
+        }
+    }
+}
+
+static inline void start(__m512 c[ROWS][3], const float *bias, int64_t cols) {
+    __m512 b0 = _mm512_maskz_loadu_ps(lanes(cols), bias);
+    __m512 b1 = _mm512_maskz_loadu_ps(lanes(cols - 16), bias + 16);
+    __m512 b2 = _mm512_maskz_loadu_ps(lanes(cols - 32), bias + 32);
+    for (int r = 0; r < ROWS; r++) {
+        c[r][0] = b0;
+        c[r][1] = b1;
+        c[r][2] = b2;
+    }
 }
 
 /* out[rows, cols] = a[rows, k] @ panel + bias (+ res), GELU'd if asked; rows <= ROWS,
@@ -44,18 +97,10 @@ static inline __m512 gelu(__m512 v) {
 static void block(const float *a, int64_t lda, int rows, const float *panel, int64_t k,
                   const float *bias, const float *res, float *out, int64_t ld, int64_t cols,
                   int act) {
-    __mmask16 m0 = lanes(cols), m1 = lanes(cols - 16), m2 = lanes(cols - 32);
-    __m512 b0 = _mm512_maskz_loadu_ps(m0, bias);
-    __m512 b1 = _mm512_maskz_loadu_ps(m1, bias + 16);
-    __m512 b2 = _mm512_maskz_loadu_ps(m2, bias + 32);
     __m512 c[ROWS][3];
     const float *row[ROWS];
-    for (int r = 0; r < ROWS; r++) {
-        row[r] = a + (r < rows ? r : rows - 1) * lda;
-        c[r][0] = b0;
-        c[r][1] = b1;
-        c[r][2] = b2;
-    }
+    start(c, bias, cols);
+    for (int r = 0; r < ROWS; r++) row[r] = a + (r < rows ? r : rows - 1) * lda;
     for (int64_t i = 0; i < k; i++) {
         const float *p = panel + i * PANEL;
         __m512 w0 = _mm512_loadu_ps(p), w1 = _mm512_loadu_ps(p + 16);
@@ -70,36 +115,128 @@ static void block(const float *a, int64_t lda, int rows, const float *panel, int
             c[r][2] = _mm512_fmadd_ps(v, w2, c[r][2]);
         }
     }
+    finish(c, rows, res, out, ld, cols, act, 0);
+}
+
+enum { TILE_ROWS = 16, TILE_PAIRS = 16, TILE_K = 2 * TILE_PAIRS };
+
+/* Compilers from before AMX (GCC 10, clang 11) still build the float32 kernel. */
+#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)
+
+#define AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")))
+
+/* The tile configuration every thread of a pass loads: tiles 0-2 a block's 16 x PANEL sums
+   (float32), tile 3 16 rows of 32 bfloat16 inputs, tiles 4-6 the panel's 16 pairs of inputs
+   for 16 columns each. */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) TileConfig;
+
+/* A static object, not one built on the stack: GCC 12 took the stores into a local
+   configuration for dead, the instruction that reads it not being seen as a read. */
+static const TileConfig TILES = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16},
+};
+
+AMX static void tiles_on(void) { _tile_loadconfig(&TILES); }
+
+AMX static void tiles_off(void) { _tile_release(); }
+
+/* out[rows, cols] = a[16, width] @ panel + bias (+ res), GELU'd if asked, on AMX: `a` in
+   bfloat16 with rows past `rows` computed and never stored, `width` a multiple of TILE_K, the
+   panel [width / 2][PANEL][2]. */
+AMX static void block_amx(const uint16_t *a, int64_t width, int rows, const uint16_t *panel,
+                          const float *bias, const float *res, float *out, int64_t ld,
+                          int64_t cols, int act) {
+    float sums[TILE_ROWS][PANEL];
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    for (int64_t k = 0; k < width; k += TILE_K) {
+        const uint16_t *p = panel + k * PANEL;
+        _tile_loadd(3, a + k, width * 2);
+        _tile_loadd(4, p, PANEL * 4);
+        _tile_loadd(5, p + 32, PANEL * 4);
+        _tile_loadd(6, p + 64, PANEL * 4);
+        _tile_dpbf16ps(0, 3, 4);
+        _tile_dpbf16ps(1, 3, 5);
+        _tile_dpbf16ps(2, 3, 6);
+    }
+    _tile_stored(0, &sums[0][0], PANEL * 4);
+    _tile_stored(1, &sums[0][16], PANEL * 4);
+    _tile_stored(2, &sums[0][32], PANEL * 4);
+    __mmask16 m0 = lanes(cols), m1 = lanes(cols - 16), m2 = lanes(cols - 32);
+    __m512 b0 = _mm512_maskz_loadu_ps(m0, bias);
+    __m512 b1 = _mm512_maskz_loadu_ps(m1, bias + 16);
+    __m512 b2 = _mm512_maskz_loadu_ps(m2, bias + 32);
     for (int r = 0; r < rows; r++) {
-        float *o = out + r * ld;
-        if (res) {
-            const float *s = res + r * ld;
-            c[r][0] = _mm512_add_ps(c[r][0], _mm512_maskz_loadu_ps(m0, s));
-            c[r][1] = _mm512_add_ps(c[r][1], _mm512_maskz_loadu_ps(m1, s + 16));
-            c[r][2] = _mm512_add_ps(c[r][2], _mm512_maskz_loadu_ps(m2, s + 32));
-        }
-        if (act) {
-            c[r][0] = gelu(c[r][0]);
-            c[r][1] = gelu(c[r][1]);
-            c[r][2] = gelu(c[r][2]);
-        }
-        _mm512_mask_storeu_ps(o, m0, c[r][0]);
-        _mm512_mask_storeu_ps(o + 16, m1, c[r][1]);
-        _mm512_mask_storeu_ps(o + 32, m2, c[r][2]);
+        __m512 c[1][3] = {{_mm512_add_ps(_mm512_loadu_ps(sums[r]), b0),
+                           _mm512_add_ps(_mm512_loadu_ps(sums[r] + 16), b1),
+                           _mm512_add_ps(_mm512_loadu_ps(sums[r] + 32), b2)}};
+        finish(c, 1, res ? res + r * ld : 0, out + r * ld, ld, cols, act, 1);
     }
 }
 
-/* A linear layer over every row, its panels shared out among the team. */
-static void linear(const float *a, int64_t rows, int64_t k, const float *w, const float *bias,
-                   int64_t n, const float *res, float *out, int act) {
+/* a[rows, k] rounded to bfloat16 (to nearest even) into out[rows][width], the inputs past k
+   zero; rows past `rows` up to a multiple of TILE_ROWS are left as they are. */
+AMX static void to_bf16(const float *a, int64_t rows, int64_t k, uint16_t *out, int64_t width) {
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t i = 0; i < width; i += 16) {
+            __mmask16 m = lanes(k - i);
+            __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, a + r * k + i));
+            _mm256_storeu_si256((__m256i *)(out + r * width + i), (__m256i)h);
+        }
+    }
+}
+
+/* Whether this process may use AMX's tiles: Linux hands them out on request. */
+int vp_amx_ready(void) {
+    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+#else
+
+int vp_amx_ready(void) { return 0; }
+static void tiles_on(void) {}
+static void tiles_off(void) {}
+static void block_amx(const uint16_t *a, int64_t width, int rows, const uint16_t *panel,
+                      const float *bias, const float *res, float *out, int64_t ld, int64_t cols,
+                      int act) {
+    (void)a, (void)width, (void)rows, (void)panel, (void)bias, (void)res, (void)out, (void)ld;
+    (void)cols, (void)act;
+}
+static void to_bf16(const float *a, int64_t rows, int64_t k, uint16_t *out, int64_t width) {
+    (void)a, (void)rows, (void)k, (void)out, (void)width;
+}
+
+#endif
+
+/* A linear layer over every row, its panels shared out among the team; with bfloat16 weights
+   (`abf`, room for the inputs in bfloat16), its inputs rounded to bfloat16 first. */
+static void linear(const float *a, int64_t rows, int64_t k, const void *w, const float *bias,
+                   int64_t n, const float *res, float *out, int act, uint16_t *abf) {
     int64_t panels = (n + PANEL - 1) / PANEL;
+    int64_t width = (k + TILE_K - 1) / TILE_K * TILE_K, step = abf ? TILE_ROWS : ROWS;
+    if (abf) to_bf16(a, rows, k, abf, width);
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < panels; p++) {
         int64_t cols = n - p * PANEL < PANEL ? n - p * PANEL : PANEL;
-        for (int64_t r = 0; r < rows; r += ROWS) {
-            int n_rows = rows - r < ROWS ? (int)(rows - r) : ROWS;
-            block(a + r * k, k, n_rows, w + p * k * PANEL, k, bias + p * PANEL,
-                  res ? res + r * n + p * PANEL : 0, out + r * n + p * PANEL, n, cols, act);
+        for (int64_t r = 0; r < rows; r += step) {
+            int n_rows = rows - r < step ? (int)(rows - r) : (int)step;
+            const float *add = res ? res + r * n + p * PANEL : 0;
+            float *o = out + r * n + p * PANEL;
+            if (abf)
+                block_amx(abf + r * width, width, n_rows, (const uint16_t *)w + p * width * PANEL,
+                          bias + p * PANEL, add, o, n, cols, act);
+            else
+                block(a + r * k, k, n_rows, (const float *)w + p * k * PANEL, k, bias + p * PANEL,
+                      add, o, n, cols, act);
         }
     }
 }
@@ -118,7 +255,7 @@ static inline float dot(const float *a, const float *b, int64_t n) {
    `bias` (or NULL): an additive score bias, `[heads][span][span]`, that depends on j - i only
    (MPNet's relative positions), so every sequence reads its top-left corner. */
 static void attention(const float *qkv, const int32_t *cu, int64_t seqs, int64_t hidden,
-                      int64_t heads, const float *bias, int64_t span, float *ctx) {
+                      int64_t heads, const float *bias, int64_t span, float *ctx, int rnd) {
     int64_t dim = hidden / heads, stride = 3 * hidden;
     float scale = 1.0f / sqrtf((float)dim);
 #pragma omp for schedule(static)
@@ -147,14 +284,14 @@ static void attention(const float *qkv, const int32_t *cu, int64_t seqs, int64_t
                 for (int64_t j = 0; j < len; j++)
                     acc = _mm512_fmadd_ps(_mm512_set1_ps(p[j] * inv),
                                           _mm512_maskz_loadu_ps(m, v + j * stride + d), acc);
-                _mm512_mask_storeu_ps(o + d, m, acc);
+                _mm512_mask_storeu_ps(o + d, m, rnd ? to_bf16_value(acc) : acc);
             }
         }
     }
 }
 
 static void layer_norm(const float *in, int64_t rows, int64_t n, const float *w, const float *b,
-                       float eps, float *out) {
+                       float eps, float *out, int rnd) {
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const float *x = in + r * n;
@@ -175,29 +312,36 @@ static void layer_norm(const float *in, int64_t rows, int64_t n, const float *w,
             __m512 d = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), mean), inv);
             __m512 v = _mm512_fmadd_ps(d, _mm512_maskz_loadu_ps(m, w + i),
                                        _mm512_maskz_loadu_ps(m, b + i));
-            _mm512_mask_storeu_ps(y + i, m, v);
+            _mm512_mask_storeu_ps(y + i, m, rnd ? to_bf16_value(v) : v);
         }
     }
 }
 
 /* Runs `n_layers` layers over x[rows, hidden] in place, every layer adding `bias` (or NULL, see
-   attention; `span` at least the longest sequence) to its scores. `scratch` holds
-   rows * (5 * hidden + inner) floats. */
+   attention; `span` at least the longest sequence) to its scores; the layers' weights are
+   bfloat16 ones, on AMX, where `bf16` is set (`vp_amx_ready` first). `scratch` holds
+   rows * (5 * hidden + inner) floats, and for bfloat16 weights room for a multiple of 16 rows
+   of max(hidden, inner), rounded up to a multiple of 32, bfloat16 values after them. */
 void vp_post_norm_encoder(const Layer *layers, int64_t n_layers, float *x, int64_t rows,
                           int64_t hidden, int64_t inner, int64_t heads, const int32_t *cu,
                           int64_t seqs, const float *bias, int64_t span, float *scratch,
-                          int threads) {
+                          int threads, int bf16) {
     float *qkv = scratch, *ctx = qkv + rows * 3 * hidden, *sum = ctx + rows * hidden;
     float *inner_out = sum + rows * hidden;
+    uint16_t *abf = bf16 ? (uint16_t *)(inner_out + rows * inner) : 0;
 #pragma omp parallel num_threads(threads)
-    for (int64_t l = 0; l < n_layers; l++) {
-        const Layer *L = layers + l;
-        linear(x, rows, hidden, L->qkv, L->qkv_bias, 3 * hidden, 0, qkv, 0);
-        attention(qkv, cu, seqs, hidden, heads, bias, span, ctx);
-        linear(ctx, rows, hidden, L->attn_out, L->attn_out_bias, hidden, x, sum, 0);
-        layer_norm(sum, rows, hidden, L->norm1, L->norm1_bias, L->eps1, x);
-        linear(x, rows, hidden, L->ffn_in, L->ffn_in_bias, inner, 0, inner_out, 1);
-        linear(inner_out, rows, inner, L->ffn_out, L->ffn_out_bias, hidden, x, sum, 0);
-        layer_norm(sum, rows, hidden, L->norm2, L->norm2_bias, L->eps2, x);
+    {
+        if (bf16) tiles_on();
+        for (int64_t l = 0; l < n_layers; l++) {
+            const Layer *L = layers + l;
+            linear(x, rows, hidden, L->qkv, L->qkv_bias, 3 * hidden, 0, qkv, 0, abf);
+            attention(qkv, cu, seqs, hidden, heads, bias, span, ctx, bf16);
+            linear(ctx, rows, hidden, L->attn_out, L->attn_out_bias, hidden, x, sum, 0, abf);
+            layer_norm(sum, rows, hidden, L->norm1, L->norm1_bias, L->eps1, x, bf16);
+            linear(x, rows, hidden, L->ffn_in, L->ffn_in_bias, inner, 0, inner_out, 1, abf);
+            linear(inner_out, rows, inner, L->ffn_out, L->ffn_out_bias, hidden, x, sum, 0, abf);
+            layer_norm(sum, rows, hidden, L->norm2, L->norm2_bias, L->eps2, x, bf16);
+        }
+        if (bf16) tiles_off();
     }
 }

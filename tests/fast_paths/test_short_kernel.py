@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,16 @@ def _packed(lengths: list[int], offset: int = 0, seed: int = 0) -> tuple[Any, ..
 ARCHS = ["bert", "roberta", "distilbert", "mpnet"]
 
 
+def _cases(arch: str, offset: int) -> Iterator[tuple[list[int], tuple[Any, ...]]]:
+    """Passes of one sequence and of several, short and past a short pass's length; token types
+    only where the architecture reads them."""
+    for lengths in ([1], [16], [7, 9, 30], [63], [5] * 12, [200, 3]):
+        ids, types, positions, seqs = _packed(lengths, offset, seed=len(lengths))
+        if arch != "bert":
+            types = torch.zeros_like(types)
+        yield lengths, (ids, types, positions, seqs)
+
+
 @pytest.fixture(scope="module")
 def awkward(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Tiny random BERT, RoBERTa, DistilBERT and MPNet checkpoints whose widths fill no vector
@@ -129,10 +139,7 @@ def test_the_kernel_gives_transformers_hidden_states(
     spec = _spec(folder)
     kernel = _kernel(TorchBackend(spec, "cpu", "float32", cache_dir=tmp_path), tmp_path)
     reference = tf.AutoModel.from_pretrained(folder).eval()
-    for lengths in ([1], [16], [7, 9, 30], [63], [5] * 12, [200, 3]):
-        ids, types, positions, seqs = _packed(lengths, spec.position_offset, seed=len(lengths))
-        if arch != "bert":
-            types = torch.zeros_like(types)
+    for lengths, (ids, types, positions, seqs) in _cases(arch, spec.position_offset):
         with torch.inference_mode():
             got = kernel(ids, types, positions, seqs)
             for i, n in enumerate(lengths):
@@ -213,10 +220,7 @@ def test_bfloat16_passes_give_the_bfloat16_models_hidden_states(
     kernel = _kernel(backend, tmp_path)
     assert kernel.bf16 == amx
     encoder = backend.model.encoder
-    for lengths in ([1], [16], [7, 9, 30], [63], [5] * 12, [200, 3]):
-        ids, types, positions, seqs = _packed(lengths, spec.position_offset, seed=len(lengths))
-        if arch != "bert":
-            types = torch.zeros_like(types)
+    for lengths, (ids, types, positions, seqs) in _cases(arch, spec.position_offset):
         with torch.inference_mode():
             got = kernel(ids, types, positions, seqs)
             want = encoder(ids, types, positions, seqs).float()

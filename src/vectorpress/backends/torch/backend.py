@@ -262,8 +262,8 @@ class TorchBackend:
     ) -> tuple[Shortcut, ...]:
         """The other way short passes may run, for start-up to time: the compiled kernel
         (`short_kernel.py`) where it builds, else, in float32 (the graph's dtype), the
-        encoder's ONNX graph (`short_graph.py`). Either keeps a second copy of the weights: base-sized encoders at
-        most.
+        encoder's ONNX graph (`short_graph.py`). Either keeps a second copy of the weights:
+        base-sized encoders at most.
 
         Not both, measured on the AMX Xeon: the kernel ran all-MiniLM-L6-v2's 16-token query
         in 2.00 ms against the graph's 2.46 (five alternated blocks) and all-mpnet-base-v2's

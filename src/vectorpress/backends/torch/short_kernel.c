@@ -16,8 +16,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-/* glibc's vector erf (libmvec), as accurate as its scalar erff. */
+/* glibc's vector erf and exp (libmvec). */
 __m512 _ZGVeN16v_erff(__m512);
+__m512 _ZGVeN16v_expf(__m512);
 
 enum { PANEL = 48, ROWS = 8 };
 
@@ -241,42 +242,49 @@ static void linear(const float *a, int64_t rows, int64_t k, const void *w, const
     }
 }
 
-static inline float dot(const float *a, const float *b, int64_t n) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 m = lanes(n - i);
-        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i),
-                              acc);
-    }
-    return _mm512_reduce_add_ps(acc);
-}
-
-/* Softmax attention of each sequence's tokens to each other, one (sequence, head) per task.
-   `bias` (or NULL): an additive score bias, `[heads][span][span]`, that depends on j - i only
-   (MPNet's relative positions), so every sequence reads its top-left corner. */
+/* Softmax attention of each sequence's tokens to each other, one (sequence, head) per task: the
+   head's keys transposed once, so that each query's scores come 16 keys at a time, each an FMA
+   chain over the head's dimensions in order; the exponentials 16 at a time. `bias` (or NULL):
+   an additive score bias, `[heads][span][span]`, that depends on j - i only (MPNet's relative
+   positions), so every sequence reads its top-left corner. */
 static void attention(const float *qkv, const int32_t *cu, int64_t seqs, int64_t hidden,
                       int64_t heads, const float *bias, int64_t span, float *ctx, int rnd) {
     int64_t dim = hidden / heads, stride = 3 * hidden;
-    float scale = 1.0f / sqrtf((float)dim);
+    __m512 scale = _mm512_set1_ps(1.0f / sqrtf((float)dim)), low = _mm512_set1_ps(-INFINITY);
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < seqs * heads; task++) {
         int64_t s = task / heads, h = task % heads;
-        int64_t start = cu[s], len = cu[s + 1] - cu[s];
+        int64_t start = cu[s], len = cu[s + 1] - cu[s], keys = (len + 15) / 16 * 16;
         const float *q = qkv + start * stride + h * dim, *k = q + hidden, *v = q + 2 * hidden;
-        float p[len];
+        float kt[dim * keys], p[keys];
+        for (int64_t d = 0; d < dim; d++) {
+            for (int64_t j = 0; j < len; j++) kt[d * keys + j] = k[j * stride + d];
+            for (int64_t j = len; j < keys; j++) kt[d * keys + j] = 0.0f;
+        }
         for (int64_t i = 0; i < len; i++) {
-            float top = -INFINITY, sum = 0.0f;
+            const float *qi = q + i * stride;
             const float *add = bias ? bias + (h * span + i) * span : 0;
-            for (int64_t j = 0; j < len; j++) {
-                p[j] = dot(q + i * stride, k + j * stride, dim) * scale;
-                if (add) p[j] += add[j];
-                top = p[j] > top ? p[j] : top;
+            __m512 top = low;
+            for (int64_t j = 0; j < keys; j += 16) {
+                __mmask16 m = lanes(len - j);
+                __m512 acc = _mm512_setzero_ps();
+                for (int64_t d = 0; d < dim; d++)
+                    acc = _mm512_fmadd_ps(_mm512_set1_ps(qi[d]), _mm512_loadu_ps(kt + d * keys + j),
+                                          acc);
+                acc = _mm512_mul_ps(acc, scale);
+                if (add) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(m, add + j));
+                acc = _mm512_mask_mov_ps(low, m, acc);
+                _mm512_storeu_ps(p + j, acc);
+                top = _mm512_max_ps(top, acc);
             }
-            for (int64_t j = 0; j < len; j++) {
-                p[j] = expf(p[j] - top);
-                sum += p[j];
+            __m512 most = _mm512_set1_ps(_mm512_reduce_max_ps(top)), sum = _mm512_setzero_ps();
+            for (int64_t j = 0; j < keys; j += 16) {
+                __m512 e = _mm512_maskz_mov_ps(
+                    lanes(len - j), _ZGVeN16v_expf(_mm512_sub_ps(_mm512_loadu_ps(p + j), most)));
+                _mm512_storeu_ps(p + j, e);
+                sum = _mm512_add_ps(sum, e);
             }
-            float inv = 1.0f / sum;
+            float inv = 1.0f / _mm512_reduce_add_ps(sum);
             float *o = ctx + (start + i) * hidden + h * dim;
             for (int64_t d = 0; d < dim; d += 16) {
                 __mmask16 m = lanes(dim - d);

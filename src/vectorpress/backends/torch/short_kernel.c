@@ -1,6 +1,7 @@
 /* A short pass of a post-LayerNorm encoder (BERT's, DistilBERT's and MPNet's layer) in float32,
    one call for every layer; with bfloat16 weights, the linears multiply bfloat16 inputs by them
-   on AMX's tiles (float32 sums), the rest in float32 as before.
+   on AMX's tiles (float32 sums), and the values between them, kept in float32, are rounded to
+   bfloat16 where the bfloat16 model's own ops round theirs.
 
    Built and loaded by short_kernel.py, which says why. The tokens of a pass are packed: row r
    of `x` is one token, and `cu` holds the sequences' bounds (cu[0] = 0, cu[n] = rows); attention
@@ -25,8 +26,8 @@ enum { PANEL = 48, ROWS = 8 };
 typedef struct {
     /* Weights in panels of PANEL output columns, the columns past `out` zero: float32 ones as
        [ceil(out / PANEL)][in][PANEL]; bfloat16 ones as [ceil(out / PANEL)][pairs][PANEL][2],
-       each column's inputs in pairs (2i, 2i + 1), an odd `in` padded with a zero input. Q, K
-       and V are one linear of 3 * hidden outputs, in that order. */
+       each column's inputs in pairs (2i, 2i + 1), `in` padded with zero inputs to a multiple
+       of TILE_K. Q, K and V are one linear of 3 * hidden outputs, in that order. */
     const void *qkv;
     const float *qkv_bias;
     const void *attn_out;
@@ -119,7 +120,7 @@ static void block(const float *a, int64_t lda, int rows, const float *panel, int
     finish(c, rows, res, out, ld, cols, act, 0);
 }
 
-enum { TILE_ROWS = 16, TILE_PAIRS = 16, TILE_K = 2 * TILE_PAIRS };
+enum { TILE_ROWS = 16, TILE_K = 32 };
 
 /* Compilers from before AMX (GCC 10, clang 11) still build the float32 kernel. */
 #if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)

@@ -27,7 +27,7 @@ TEXTS_PER_BATCH = 32
 def op_kind(name: str) -> str:
     """'gemm', 'attention' or 'other' for a profiler op name."""
     low = name.lower()
-    if "scaled_dot_product" in low or "flash_attention" in low:
+    if "scaled_dot_product" in low or "flash_attention" in low or "vp_attention" in low:
         return "attention"
     gemms = ("linear", "addmm", "aten::mm", "aten::bmm", "matmul", "mkl_", "fbgemm", "quantized")
     if any(g in low for g in gemms):

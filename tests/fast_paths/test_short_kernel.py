@@ -19,7 +19,7 @@ import torch
 
 from tests.helpers.batches import tokenized_batches
 from tests.helpers.checkpoints import copy_tokenizer, make_tiny, write_st_files
-from tests.helpers.cpu import needs_onednn
+from tests.helpers.cpu import needs_amx, needs_bf16, needs_kernel, needs_onednn, why_no_kernel
 from tests.helpers.mpnet import mpnet_path
 from tests.helpers.passes import timed_shortcuts
 from tests.helpers.reference import assert_close_vectors, st_encode
@@ -29,7 +29,6 @@ from vectorpress.backends.common.threads import num_threads
 from vectorpress.backends.torch import backend as backend_module
 from vectorpress.backends.torch import short_kernel
 from vectorpress.backends.torch.backend import TorchBackend
-from vectorpress.backends.torch.layers import onednn_supported
 from vectorpress.backends.torch.passes import (
     GRAPH,
     KERNEL,
@@ -40,24 +39,9 @@ from vectorpress.backends.torch.passes import (
     plan_passes,
 )
 from vectorpress.backends.torch.short_kernel import ShortKernel, kernel_candidate, load_library
-from vectorpress.cpus import cpu_flags
 from vectorpress.model_spec import ModelSpec, load_model_spec
 from vectorpress.settings import ModelSettings
 
-
-def _why_no_kernel() -> str | None:
-    if torch.backends.cpu.get_cpu_capability() != "AVX512":
-        return "the kernel needs AVX-512; this CPU has none"
-    if short_kernel._compiler() is None:
-        return "no C compiler here"
-    return None
-
-
-needs_kernel = pytest.mark.skipif(_why_no_kernel() is not None, reason=str(_why_no_kernel()))
-needs_bf16 = pytest.mark.skipif(
-    not onednn_supported(torch.bfloat16), reason="this CPU has no native bfloat16 linear"
-)
-needs_amx = pytest.mark.skipif("amx_bf16" not in cpu_flags(), reason="this CPU has no AMX")
 ON_KERNEL = PassPlan(small_onednn=False, large_onednn=False, small_shortcut=KERNEL)
 
 
@@ -368,7 +352,7 @@ def test_the_kernel_is_offered_only_for_post_norm_layers_in_float32_or_bfloat16(
     for arch in ARCHS:
         encoder = TorchBackend(_spec(awkward[arch]), "cpu", "float32").model.encoder
         assert kernel_candidate(encoder, torch.float16, tmp_path) is None
-        if _why_no_kernel() is None:
+        if why_no_kernel() is None:
             assert kernel_candidate(encoder, torch.float32, tmp_path) is not None
             assert kernel_candidate(encoder, torch.bfloat16, tmp_path) is not None
     if os.environ.get("VECTORPRESS_PORTABLE_CPU"):

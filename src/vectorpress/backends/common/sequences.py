@@ -55,6 +55,8 @@ class PackedSequences:
         # Attention through varlen_attn, decided once at start-up (see `varlen_usable`); it
         # has no key masks.
         self.varlen = varlen and key_lengths is None
+        # Rows of filler after the sequences (`with_filler`), the last sequence.
+        self.filler = 0
 
     @functools.cached_property
     def groups(self) -> list[LengthGroup]:
@@ -100,6 +102,7 @@ class PackedSequences:
         out.starts = [*self.starts, self.total]
         out.lengths = [*self.lengths, pad]
         out.total = rows
+        out.filler = pad
         out.groups = [*self.groups, LengthGroup(pad, 1, None, self.total, filler=True)]
         return out
 

@@ -24,6 +24,7 @@ from vectorpress.backends.common.pooling import (
 from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.backends.common.threads import num_threads
 from vectorpress.backends.preemption import add_layer_points
+from vectorpress.backends.torch.amx_attention import amx_attention
 from vectorpress.backends.torch.attention import varlen_usable
 from vectorpress.backends.torch.blocks import FusedModel
 from vectorpress.backends.torch.cuda_graphs import POOLED_IN_GRAPHS, CudaGraphs, Replayed
@@ -250,8 +251,16 @@ class TorchBackend:
         ]
         self.multi = MultiVectorHeads(spec, device)
         shortcut = next((c.run for c in shortcuts if c.name == plan.small_shortcut), None)
+        attention = (
+            amx_attention(torch_dtype, cache_dir or build_cache()) if device == "cpu" else None
+        )
+        if attention is not None:
+            log.info("attention: bfloat16 on AMX's tiles (the compiled kernel) where it fits")
         self.passes = CpuPasses(
-            INT8_PASS_TOKENS if int8 else CPU_PASS_TOKENS, plan, shortcut=shortcut
+            INT8_PASS_TOKENS if int8 else CPU_PASS_TOKENS,
+            plan,
+            shortcut=shortcut,
+            attention=attention,
         )
         if int8:
             self._quantize()

@@ -9,11 +9,17 @@
 
    Each output value of a linear layer is summed over its inputs in order, by one FMA chain (in
    bfloat16, one chain of tile products): a token's values do not depend on the other rows of its
-   pass nor on the thread count. */
+   pass nor on the thread count.
+
+   The library also holds bfloat16 attention on AMX (`vp_attention_bf16`), which a bfloat16
+   model's longer passes call from torch (amx_attention.py says why). */
 
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -140,8 +146,8 @@ typedef struct {
    configuration for dead, the instruction that reads it not being seen as a read. */
 static const TileConfig TILES = {
     .palette = 1,
-    .colsb = {64, 64, 64, 64, 64, 64, 64},
-    .rows = {16, 16, 16, 16, 16, 16, 16},
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
 };
 
 AMX static void tiles_on(void) { _tile_loadconfig(&TILES); }
@@ -202,9 +208,255 @@ int vp_amx_ready(void) {
     return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
 }
 
+/* One (sequence, head) of bfloat16 attention on AMX: scores Q K^T as float32 tile sums of
+   bfloat16 products, each query's softmax over its whole row in float32 (its exponentials
+   rounded to bfloat16 for the product with V, their float32 sum dividing the result), P V as
+   tile sums again; the result rounded to bfloat16. q, k and v hold `len` rows `stride` values
+   apart, `dim` (32 or 64) values each; the scratch `w` is laid out by `attention_bf16`. */
+/* e^x for x <= 0 (a softmax's shifted scores), to about 2e-7 relative: 2^(x log2 e) split
+   into 2^n 2^f, |f| <= 1/2, 2^f by its Taylor series to f^6. Its values are rounded to
+   bfloat16 before they are used (or summed in float32), so libmvec's exactness buys nothing
+   here: with its expf, the corpus's attention took 61-66 ms against 57-61. */
+static inline __m512 exp_neg(__m512 x) {
+    __m512 t = _mm512_mul_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)),
+                             _mm512_set1_ps(1.44269504088896341f));
+    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(t, n);
+    __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* bfloat16 attention on AMX, one (sequence, head) at a time, its Q, K and V first laid out as
+   the tiles read them (`pack`): scores Q K^T as float32 tile sums of bfloat16 products, each
+   query's softmax over its whole row in float32 (its exponentials rounded to bfloat16 for the
+   product with V, their float32 sum dividing the result), P V as tile sums again, the result
+   rounded to bfloat16. `dim` is 32 or 64; a sequence's keys are padded to a multiple of 32. */
+
+/* r[0..15] (16 x 16 uint32) transposed in place. */
+static inline void transpose16(__m512i r[16]) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    /* u[4i + c]'s 128-bit lane l: rows 4i..4i+3 of column 4l + c. */
+    for (int c = 0; c < 4; c++) {
+        __m512i x0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88);
+        __m512i x1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xdd);
+        __m512i x2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88);
+        __m512i x3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xdd);
+        r[c] = _mm512_shuffle_i32x4(x0, x2, 0x88);
+        r[4 + c] = _mm512_shuffle_i32x4(x1, x3, 0x88);
+        r[8 + c] = _mm512_shuffle_i32x4(x0, x2, 0xdd);
+        r[12 + c] = _mm512_shuffle_i32x4(x1, x3, 0xdd);
+    }
+}
+
+/* A sequence's Q, K and V, `keys` rows (its length rounded up to 32, the rows past it zero),
+   per head h at h * keys * dim values in each of: qp [keys][dim], A tiles' rows; kt
+   [keys / 16][dim / 32][16 pairs][16 keys] as uint32 pairs, K^T as B tiles; vp [keys / 2][dim]
+   as uint32, (v[2j][d], v[2j+1][d]) side by side, V as B tiles. Read row by row, all heads at
+   once: one head's slice of a row is a cache line, and read head by head (one tile of rows
+   `stride` apart at a time) the rows came one miss at a time. */
+AMX static void pack(const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                     const int64_t stride[3], int64_t len, int64_t keys, int64_t heads,
+                     int64_t dim, uint16_t *qp, uint32_t *kt, uint32_t *vp) {
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40,
+                                        8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    int64_t steps = dim / 32, per_head = keys * dim / 2, hidden = heads * dim;
+    for (int64_t j0 = 0; j0 < keys; j0 += 16) {
+        for (int64_t j = j0; j < j0 + 16; j++) {
+            for (int64_t c = 0; c < hidden; c += 32)
+                _mm512_storeu_si512(qp + (c / dim) * per_head * 2 + j * dim + c % dim,
+                                    j < len ? _mm512_loadu_si512(q + j * stride[0] + c)
+                                            : _mm512_setzero_si512());
+        }
+        for (int64_t c = 0; c < hidden; c += 32) {
+            __m512i r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = j0 + i < len ? _mm512_loadu_si512(k + (j0 + i) * stride[1] + c)
+                                    : _mm512_setzero_si512();
+            transpose16(r);
+            uint32_t *to = kt + (c / dim) * per_head + (j0 / 16 * steps + c % dim / 32) * 256;
+            for (int i = 0; i < 16; i++) _mm512_storeu_si512(to + 16 * i, r[i]);
+        }
+        for (int64_t j = j0; j < j0 + 16; j += 2) {
+            for (int64_t c = 0; c < hidden; c += 32) {
+                const uint16_t *va = v + j * stride[2] + c;
+                __m512i a = j < len ? _mm512_loadu_si512(va) : _mm512_setzero_si512();
+                __m512i b =
+                    j + 1 < len ? _mm512_loadu_si512(va + stride[2]) : _mm512_setzero_si512();
+                uint32_t *vo = vp + (c / dim) * per_head + (j / 2) * dim + c % dim;
+                _mm512_storeu_si512(vo, _mm512_permutex2var_epi16(a, lo, b));
+                _mm512_storeu_si512(vo + 16, _mm512_permutex2var_epi16(a, hi, b));
+            }
+        }
+    }
+}
+
+/* One head of one sequence from its packed rows (`pack`); `s_all` [16][keys] and `p_all`
+   [16][keys] the scores and exponentials of one block of queries, `o` [16][dim] their P V. */
+AMX static void attend_amx(const uint16_t *q, const uint32_t *kt, const uint32_t *vp,
+                           int64_t len, int64_t keys, int64_t dim, float scale, uint16_t *out,
+                           int64_t out_stride, float *s_all, uint16_t *p_all, float *o) {
+    int64_t steps = dim / 32;
+    const __m512 low = _mm512_set1_ps(-INFINITY), sc = _mm512_set1_ps(scale);
+    for (int64_t i0 = 0; i0 < len; i0 += 16) {
+        int rows = len - i0 < 16 ? (int)(len - i0) : 16;
+        _tile_loadd(4, q + i0 * dim, dim * 2);
+        if (steps > 1) _tile_loadd(5, q + i0 * dim + 32, dim * 2);
+        for (int64_t b = 0; b < keys / 16; b += 2) {
+            const uint32_t *kb = kt + b * steps * 256;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_loadd(6, kb, 64);
+            _tile_loadd(7, kb + steps * 256, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            if (steps > 1) {
+                _tile_loadd(6, kb + 256, 64);
+                _tile_loadd(7, kb + steps * 256 + 256, 64);
+                _tile_dpbf16ps(0, 5, 6);
+                _tile_dpbf16ps(1, 5, 7);
+            }
+            _tile_stored(0, s_all + b * 16, keys * 4);
+            _tile_stored(1, s_all + b * 16 + 16, keys * 4);
+        }
+        float inv[16];
+        for (int r = 0; r < 16; r++) {
+            float *s = s_all + r * keys;
+            uint16_t *p = p_all + r * keys;
+            if (r >= rows) {
+                memset(p, 0, 2 * keys);
+                continue;
+            }
+            __m512 top = low;
+            for (int64_t j = 0; j < keys; j += 16)
+                top = _mm512_max_ps(top, _mm512_mask_loadu_ps(low, lanes(len - j), s + j));
+            __m512 most = _mm512_set1_ps(_mm512_reduce_max_ps(top) * scale);
+            __m512 sum = _mm512_setzero_ps();
+            for (int64_t j = 0; j < keys; j += 16) {
+                __m512 e = _mm512_maskz_mov_ps(
+                    lanes(len - j), exp_neg(_mm512_fmsub_ps(_mm512_loadu_ps(s + j), sc, most)));
+                sum = _mm512_add_ps(sum, e);
+                _mm256_storeu_si256((__m256i *)(p + j), (__m256i)_mm512_cvtneps_pbh(e));
+            }
+            inv[r] = 1.0f / _mm512_reduce_add_ps(sum);
+        }
+        _tile_zero(0);
+        _tile_zero(1);
+        if (steps > 1) {
+            _tile_zero(2);
+            _tile_zero(3);
+        }
+        for (int64_t j = 0; j < keys; j += 32) {
+            const uint32_t *vb = vp + (j / 2) * dim;
+            _tile_loadd(4, p_all + j, keys * 2);
+            _tile_loadd(6, vb, dim * 4);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_loadd(7, vb + 16, dim * 4);
+            _tile_dpbf16ps(1, 4, 7);
+            if (steps > 1) {
+                _tile_loadd(6, vb + 32, dim * 4);
+                _tile_dpbf16ps(2, 4, 6);
+                _tile_loadd(7, vb + 48, dim * 4);
+                _tile_dpbf16ps(3, 4, 7);
+            }
+        }
+        _tile_stored(0, o, dim * 4);
+        _tile_stored(1, o + 16, dim * 4);
+        if (steps > 1) {
+            _tile_stored(2, o + 32, dim * 4);
+            _tile_stored(3, o + 48, dim * 4);
+        }
+        for (int r = 0; r < rows; r++) {
+            __m512 f = _mm512_set1_ps(inv[r]);
+            for (int64_t d = 0; d < dim; d += 16) {
+                __m512 x = _mm512_mul_ps(_mm512_loadu_ps(o + r * dim + d), f);
+                _mm256_storeu_si256((__m256i *)(out + (i0 + r) * out_stride + d),
+                                    (__m256i)_mm512_cvtneps_pbh(x));
+            }
+        }
+    }
+}
+
+/* Attention within each of `seqs` sequences (bounds in `cu`) of packed bfloat16 rows: q, k and
+   v [rows][heads][dim], stride[0], stride[1] and stride[2] values from one row to the next,
+   out [rows][heads][dim] contiguous; `dim` 32 or 64. The sequences are laid out for the tiles
+   first (`pack`), then the (sequence, head) pairs go to the threads as they come free. */
+AMX int vp_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                          const int64_t stride[3], const int32_t *cu, int64_t seqs,
+                          int64_t heads, int64_t dim, float scale, uint16_t *out,
+                          int threads) {
+    int64_t longest = 0, *at = malloc(sizeof(int64_t) * (seqs + 1));
+    if (!at) return -1;
+    at[0] = 0;
+    for (int64_t s = 0; s < seqs; s++) {
+        int64_t keys = (cu[s + 1] - cu[s] + 31) / 32 * 32;
+        at[s + 1] = at[s] + keys;
+        if (keys > longest) longest = keys;
+    }
+    int64_t hidden = heads * dim;
+    /* Q, K and V packed, then each thread's scores, exponentials and P V. */
+    size_t packed = ((size_t)at[seqs] * hidden * 2 * 3 + 63) / 64 * 64;
+    size_t own = ((size_t)(4 + 2) * 16 * longest + 4 * 16 * dim + 63) / 64 * 64;
+    char *mem = aligned_alloc(64, packed + own * threads);
+    if (!mem) {
+        free(at);
+        return -1;
+    }
+    uint16_t *qp = (uint16_t *)mem;
+    uint32_t *kt = (uint32_t *)(qp + at[seqs] * hidden), *vp = kt + at[seqs] * hidden / 2;
+#pragma omp parallel num_threads(threads)
+    {
+        float *s = (float *)(mem + packed + own * omp_get_thread_num());
+        uint16_t *p = (uint16_t *)(s + 16 * longest);
+        float *o = (float *)(p + 16 * longest);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < seqs; i++) {
+            int64_t start = cu[i];
+            pack(q + start * stride[0], k + start * stride[1], v + start * stride[2], stride,
+                 cu[i + 1] - start, at[i + 1] - at[i], heads, dim, qp + at[i] * hidden,
+                 kt + at[i] * hidden / 2, vp + at[i] * hidden / 2);
+        }
+        tiles_on();
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < seqs * heads; task++) {
+            int64_t i = task / heads, h = task % heads, keys = at[i + 1] - at[i];
+            int64_t base = at[i] * hidden + h * keys * dim;
+            attend_amx(qp + base, kt + base / 2, vp + base / 2, cu[i + 1] - cu[i], keys, dim,
+                       scale, out + (cu[i] * heads + h) * dim, hidden, s, p, o);
+        }
+        tiles_off();
+    }
+    free(mem);
+    free(at);
+    return 0;
+}
+
 #else
 
 int vp_amx_ready(void) { return 0; }
+int vp_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                      const int64_t stride[3], const int32_t *cu, int64_t seqs, int64_t heads,
+                      int64_t dim, float scale, uint16_t *out, int threads) {
+    (void)q, (void)k, (void)v, (void)stride, (void)cu, (void)seqs, (void)heads, (void)dim;
+    (void)scale, (void)out, (void)threads;
+    return -1;
+}
 static void tiles_on(void) {}
 static void tiles_off(void) {}
 static void block_amx(const uint16_t *a, int64_t width, int rows, const uint16_t *panel,

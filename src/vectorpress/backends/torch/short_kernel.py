@@ -31,6 +31,8 @@ rounding there (float32 between the linears, more exact) put one mpnet text at 0
 the model gives 0.9999: its outlier dimension follows the model's roundings. Elsewhere the
 bfloat16 weights run on the float32 path (the same values, nothing rounded; mpnet's lowest
 0.99920, that text 0.99966).
+
+The same library holds the bfloat16 attention on AMX that longer passes call (`amx_attention.py`).
 """
 
 from __future__ import annotations

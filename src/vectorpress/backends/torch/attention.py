@@ -11,15 +11,14 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from vectorpress.backends.common.sequences import LengthGroup, PackedSequences
+from vectorpress.backends.torch.cpu_kernels import current
 
 
 def _mask(
@@ -75,39 +74,6 @@ def _with_keys(
     return mask.masked_fill(~keys, float("-inf"))
 
 
-class AttentionKernel(Protocol):
-    """A compiled attention for some calls (`amx_attention.AmxAttention`): the result, or None
-    where the call does not fit it."""
-
-    def __call__(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        seqs: PackedSequences,
-        scale: float | None = None,
-    ) -> torch.Tensor | None: ...
-
-
-class _Choice(threading.local):
-    kernel: AttentionKernel | None = None
-
-
-_choice = _Choice()
-
-
-@contextmanager
-def kernel_attention(kernel: AttentionKernel | None) -> Iterator[None]:
-    """Whether attention calls in this block, on this thread, go to `kernel` first (where they
-    fit it), as a backend's CPU passes decide once at start-up."""
-    before = _choice.kernel
-    _choice.kernel = kernel
-    try:
-        yield
-    finally:
-        _choice.kernel = before
-
-
 def packed_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -125,7 +91,7 @@ def packed_attention(
     local window (ModernBERT's) measured in tokens, half on each side. `bias` gives an additive
     score bias per sequence length (MPNet's relative positions; see `ScoreBias`).
     """
-    kernel = _choice.kernel
+    kernel = current().attention
     if kernel is not None and bias is None and window is None and not causal:
         out = kernel(q, k, v, seqs, scale)
         if out is not None:

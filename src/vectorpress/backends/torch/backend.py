@@ -24,9 +24,10 @@ from vectorpress.backends.common.pooling import (
 from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.backends.common.threads import num_threads
 from vectorpress.backends.preemption import add_layer_points
-from vectorpress.backends.torch.amx_attention import amx_attention
 from vectorpress.backends.torch.attention import varlen_usable
+from vectorpress.backends.torch.bf16_kernels import bf16_kernels
 from vectorpress.backends.torch.blocks import FusedModel
+from vectorpress.backends.torch.cpu_kernels import NONE
 from vectorpress.backends.torch.cuda_graphs import POOLED_IN_GRAPHS, CudaGraphs, Replayed
 from vectorpress.backends.torch.heads import ClassificationHead, MLMHead
 from vectorpress.backends.torch.int8 import INT8_PASS_TOKENS, int8_ready, quantize_linears
@@ -251,16 +252,12 @@ class TorchBackend:
         ]
         self.multi = MultiVectorHeads(spec, device)
         shortcut = next((c.run for c in shortcuts if c.name == plan.small_shortcut), None)
-        attention = (
-            amx_attention(torch_dtype, cache_dir or build_cache()) if device == "cpu" else None
-        )
-        if attention is not None:
-            log.info("attention: bfloat16 on AMX's tiles (the compiled kernel) where it fits")
+        kernels = bf16_kernels(torch_dtype, cache_dir or build_cache()) if device == "cpu" else NONE
         self.passes = CpuPasses(
             INT8_PASS_TOKENS if int8 else CPU_PASS_TOKENS,
             plan,
             shortcut=shortcut,
-            attention=attention,
+            kernels=kernels,
         )
         if int8:
             self._quantize()

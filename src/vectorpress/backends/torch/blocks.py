@@ -20,6 +20,7 @@ from vectorpress.backends import preemption
 from vectorpress.backends.common.activations import Activation, activation
 from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.backends.torch.attention import ScoreBias, packed_attention
+from vectorpress.backends.torch.cpu_kernels import add_norm
 from vectorpress.backends.torch.layers import FusedLinear
 from vectorpress.backends.torch.rotary import RMSNorm, rotate
 
@@ -116,11 +117,10 @@ class FusedPostNormLayer:
         qkv = self.qkv(x).view(total, 3, self.heads, hidden // self.heads)
         q, k, v = qkv.unbind(1)
         ctx = packed_attention(q, k, v, seqs, bias=bias).reshape(total, hidden)
-        x = attn_norm(self.attn_out(ctx).add_(x))
+        x = add_norm(self.attn_out(ctx), x, attn_norm)
         # The feed-forward half is about 60% of a layer's work: a second place to switch.
         preemption.point()
-        out: torch.Tensor = ffn_norm(self.ffn_out(self.ffn_in(x)).add_(x))
-        return out
+        return add_norm(self.ffn_out(self.ffn_in(x)), x, ffn_norm)
 
 
 @dataclass

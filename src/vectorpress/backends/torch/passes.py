@@ -20,7 +20,7 @@ import torch
 from vectorpress.backends.common.buckets import octave_bucket
 from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.backends.common.threads import num_threads
-from vectorpress.backends.torch.attention import AttentionKernel, kernel_attention
+from vectorpress.backends.torch.cpu_kernels import NONE, CpuKernels, cpu_kernels
 from vectorpress.backends.torch.layers import onednn_linears
 from vectorpress.cpus import CpuSample
 
@@ -317,7 +317,7 @@ class CpuPasses:
         plan: PassPlan = PassPlan(True, True),
         longest_first: bool = True,
         shortcut: Encoder | None = None,
-        attention: AttentionKernel | None = None,
+        kernels: CpuKernels = NONE,
     ) -> None:
         self.max_tokens = max_tokens
         self.plan = plan
@@ -326,8 +326,8 @@ class CpuPasses:
         # Sort a batch's sequences by length before cutting it (see
         # PackedSequences.longest_first); False runs them in arrival order (the reference).
         self.longest_first = longest_first
-        # Where a compiled attention takes the calls it fits (`amx_attention.py`).
-        self.attention = attention
+        # Compiled ops the passes call where they fit (`bf16_kernels.py`).
+        self.kernels = kernels
 
     def threads(self, tokens: int) -> int:
         """The intra-op threads a pass of `tokens` real tokens runs on."""
@@ -409,6 +409,6 @@ class CpuPasses:
             )
             seqs = seqs.with_filler(rows)
         threads = self.threads(tokens)
-        with num_threads(threads), onednn_linears(onednn), kernel_attention(self.attention):
+        with num_threads(threads), onednn_linears(onednn), cpu_kernels(self.kernels):
             out = encoder(input_ids, token_type_ids, position_ids, seqs)
         return out if rows == tokens else out[:tokens]

@@ -126,6 +126,52 @@ static void block(const float *a, int64_t lda, int rows, const float *panel, int
     finish(c, rows, res, out, ld, cols, act, 0);
 }
 
+static inline __m512 widen(const uint16_t *p, __mmask16 m) {
+    __m512i u = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+}
+
+static inline void narrow(uint16_t *p, __mmask16 m, __m512 v) {
+    __m512i u = _mm512_srli_epi32(_mm512_castps_si512(to_bf16_value(v)), 16);
+    _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(u));
+}
+
+/* out = LayerNorm(a + b) over rows of n bfloat16 values (out may be a), as a bfloat16 model's
+   residual add and LayerNorm give it: the sum rounded to bfloat16, its mean and variance in
+   float32, (x * rstd - mean * rstd) * w + bias rounded to bfloat16. One pass over the rows where
+   the two ops took three. */
+void vp_add_norm_bf16(const uint16_t *a, const uint16_t *b, int64_t rows, int64_t n,
+                      const float *w, const float *bias, float eps, uint16_t *out,
+                      int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        float x[(n + 15) / 16 * 16];
+        const uint16_t *ar = a + r * n, *br = b + r * n;
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t i = 0; i < n; i += 16) {
+            __mmask16 m = lanes(n - i);
+            __m512 v = to_bf16_value(_mm512_add_ps(widen(ar + i, m), widen(br + i, m)));
+            _mm512_storeu_ps(x + i, v);
+            acc = _mm512_add_ps(acc, v);
+        }
+        float mean = _mm512_reduce_add_ps(acc) / (float)n;
+        __m512 mu = _mm512_set1_ps(mean);
+        acc = _mm512_setzero_ps();
+        for (int64_t i = 0; i < n; i += 16) {
+            __m512 d = _mm512_maskz_sub_ps(lanes(n - i), _mm512_loadu_ps(x + i), mu);
+            acc = _mm512_fmadd_ps(d, d, acc);
+        }
+        float rstd = 1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)n + eps);
+        __m512 scale = _mm512_set1_ps(rstd), shift = _mm512_set1_ps(-rstd * mean);
+        for (int64_t i = 0; i < n; i += 16) {
+            __mmask16 m = lanes(n - i);
+            __m512 y = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), scale, shift);
+            __m512 g = _mm512_maskz_loadu_ps(m, w + i), c = _mm512_maskz_loadu_ps(m, bias + i);
+            narrow(out + r * n + i, m, _mm512_fmadd_ps(y, g, c));
+        }
+    }
+}
+
 enum { TILE_ROWS = 16, TILE_K = 32 };
 
 /* Compilers from before AMX (GCC 10, clang 11) still build the float32 kernel. */

@@ -1,7 +1,8 @@
-"""bfloat16 attention on AMX's tiles (backends/torch/amx_attention.py): one explicit softmax per
-sequence (the reference) on every layout the layers hand it, a sequence's values independent of
-its pass, filler rows, the calls it leaves to the grouped path, and a bfloat16 backend that
-takes it without losing its accuracy."""
+"""The compiled ops of a bfloat16 model's CPU passes (backends/torch/bf16_kernels.py): attention
+on AMX's tiles against one explicit softmax per sequence (the reference) on every layout the
+layers hand it, a sequence's values independent of its pass, filler rows, the calls it leaves
+to the grouped path; the residual add and LayerNorm against torch's; and a bfloat16 backend
+that takes them without losing its accuracy."""
 
 from __future__ import annotations
 
@@ -11,19 +12,22 @@ import numpy as np
 import pytest
 import torch
 from bench.corpus import corpus
+from torch import nn
 
 from tests.helpers.attention import reference_attention
 from tests.helpers.batches import pooled, tokenized_batches
 from tests.helpers.cpu import needs_amx, needs_kernel
 from tests.helpers.reference import assert_close_vectors
 from vectorpress.backends.common.sequences import PackedSequences
-from vectorpress.backends.torch.amx_attention import AmxAttention, amx_attention
-from vectorpress.backends.torch.attention import kernel_attention, packed_attention
+from vectorpress.backends.torch.attention import packed_attention
 from vectorpress.backends.torch.backend import TorchBackend
+from vectorpress.backends.torch.bf16_kernels import AddNorm, AmxAttention, bf16_kernels
+from vectorpress.backends.torch.cpu_kernels import NONE, CpuKernels, add_norm, cpu_kernels
+from vectorpress.cpus import cpu_flags
 from vectorpress.model_spec import load_model_spec
 from vectorpress.settings import ModelSettings
 
-pytestmark = [needs_kernel, needs_amx]
+pytestmark = needs_kernel
 
 # Around the kernel's blocks: 16 queries, 32 keys.
 LENGTHS = [1, 5, 15, 16, 17, 31, 32, 33, 64, 100, 300]
@@ -31,10 +35,14 @@ HEADS = 3
 
 
 @pytest.fixture(scope="module")
-def kernel(tmp_path_factory: pytest.TempPathFactory) -> AmxAttention:
-    built = amx_attention(torch.bfloat16, tmp_path_factory.mktemp("kernels"))
-    assert built is not None
-    return built
+def kernels(tmp_path_factory: pytest.TempPathFactory) -> CpuKernels:
+    return bf16_kernels(torch.bfloat16, tmp_path_factory.mktemp("kernels"))
+
+
+@pytest.fixture(scope="module")
+def kernel(kernels: CpuKernels) -> AmxAttention:
+    assert isinstance(kernels.attention, AmxAttention)
+    return kernels.attention
 
 
 def _seqs(lengths: list[int]) -> PackedSequences:
@@ -50,6 +58,7 @@ def _qkv(total: int, dim: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
     return qkv.unbind(1)
 
 
+@needs_amx
 @pytest.mark.parametrize("dim", [32, 64])
 def test_matches_the_reference_on_fused_and_separate_projections(
     kernel: AmxAttention, dim: int
@@ -67,6 +76,7 @@ def test_matches_the_reference_on_fused_and_separate_projections(
             torch.testing.assert_close(got.float(), want, atol=1e-2, rtol=1.6e-2, msg=name)
 
 
+@needs_amx
 def test_a_sequence_gets_the_same_values_in_any_pass(kernel: AmxAttention) -> None:
     seqs = _seqs(LENGTHS)
     q, k, v = _qkv(seqs.total, 32)
@@ -79,6 +89,7 @@ def test_a_sequence_gets_the_same_values_in_any_pass(kernel: AmxAttention) -> No
         assert torch.equal(alone, together[rows]), n
 
 
+@needs_amx
 def test_filler_rows_are_zeros_and_change_nothing(kernel: AmxAttention) -> None:
     seqs = _seqs([40, 7])
     q, k, v = _qkv(seqs.total + 9, 32)
@@ -90,6 +101,7 @@ def test_filler_rows_are_zeros_and_change_nothing(kernel: AmxAttention) -> None:
     assert not got[seqs.total :].any()
 
 
+@needs_amx
 def test_calls_it_does_not_fit_take_the_grouped_path(kernel: AmxAttention) -> None:
     seqs = _seqs([20, 9])
     q, k, v = _qkv(seqs.total, 32)
@@ -104,26 +116,75 @@ def test_calls_it_does_not_fit_take_the_grouped_path(kernel: AmxAttention) -> No
         "held-out keys": ((q, k, v, held_out), {}),
     }
     for name, (args, options) in cases.items():
-        with kernel_attention(kernel):
+        with cpu_kernels(CpuKernels(attention=kernel)):
             got = packed_attention(*args, **options)
         assert torch.equal(got, packed_attention(*args, **options)), name
     assert kernel(q.float(), k.float(), v.float(), seqs) is None
     assert kernel(q, k, v, held_out) is None
     on_kernel = kernel(q, k, v, seqs)
     assert on_kernel is not None
-    with kernel_attention(kernel):
+    with cpu_kernels(CpuKernels(attention=kernel)):
         assert torch.equal(packed_attention(q, k, v, seqs), on_kernel)
 
 
-def test_a_bfloat16_backend_takes_it_and_keeps_its_vectors(minilm: Path) -> None:
+def _layer_norm(n: int, seed: int = 0) -> nn.LayerNorm:
+    gen = torch.Generator().manual_seed(seed)
+    norm = nn.LayerNorm(n, eps=1e-12).bfloat16()
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.2 * torch.randn(n, generator=gen))
+        norm.bias.copy_(0.1 * torch.randn(n, generator=gen))
+    return norm
+
+
+@pytest.mark.parametrize("n", [384, 100])
+def test_the_residual_step_gives_torchs_values(kernels: CpuKernels, n: int) -> None:
+    assert isinstance(kernels.add_norm, AddNorm)
+    gen = torch.Generator().manual_seed(1)
+    a = (3 * torch.randn(300, n, generator=gen)).bfloat16()
+    b = (3 * torch.randn(300, n, generator=gen)).bfloat16()
+    norm = _layer_norm(n)
+    with torch.inference_mode():
+        got = kernels.add_norm(a.clone(), b, norm)
+        want = norm(a.clone().add_(b))
+    assert got is not None and got.dtype == torch.bfloat16
+    # LayerNorm's sums in another order: now and then one bfloat16 step apart, never more.
+    step = want.float().abs().clamp(min=2**-30) * 2**-7
+    apart = (got.float() - want.float()).abs()
+    assert (apart <= step).all()
+    assert (apart > 0).float().mean() < 1e-3
+
+
+def test_residual_steps_it_does_not_fit_take_torchs(kernels: CpuKernels) -> None:
+    a = torch.randn(8, 64).bfloat16()
+    b = torch.randn(8, 64).bfloat16()
+    norm = _layer_norm(64)
+    no_bias = nn.LayerNorm(64, bias=False).bfloat16()
+    cases = {
+        "float32": (a.float(), b.float(), norm.float()),
+        "no bias": (a, b, no_bias),
+        "not a LayerNorm": (a, b, nn.Identity()),
+        "strided": (a.t().contiguous().t(), b, norm),
+    }
+    assert kernels.add_norm is not None
+    with torch.inference_mode():
+        for name, (x, y, layer) in cases.items():
+            assert kernels.add_norm(x.clone(), y, layer) is None, name
+            with cpu_kernels(kernels):
+                got = add_norm(x.clone(), y, layer)
+            assert torch.equal(got, layer(x.clone().add_(y))), name
+
+
+def test_a_bfloat16_backend_takes_them_and_keeps_its_vectors(minilm: Path) -> None:
     spec = load_model_spec(minilm, ModelSettings(str(minilm)))
-    assert TorchBackend(spec, "cpu", "float32").passes.attention is None
+    assert TorchBackend(spec, "cpu", "float32").passes.kernels is NONE
     backend = TorchBackend(spec, "cpu", "bfloat16")
-    assert isinstance(backend.passes.attention, AmxAttention)
+    kernels = backend.passes.kernels
+    assert isinstance(kernels.add_norm, AddNorm)
+    assert isinstance(kernels.attention, AmxAttention) == ("amx_bf16" in cpu_flags())
     # Longer than the short passes, which run on the short-pass kernel or natively.
     batches = tokenized_batches(minilm, corpus(200, seed=1)[::4], 16)
-    on_kernel = pooled(backend, batches)
-    backend.passes.attention = None
+    on_kernels = pooled(backend, batches)
+    backend.passes.kernels = NONE
     native = pooled(backend, batches)
-    assert not np.array_equal(on_kernel, native), "the kernel never ran"
-    assert_close_vectors(on_kernel, native, min_cos=0.9999, what="kernel vs grouped attention")
+    assert not np.array_equal(on_kernels, native), "the kernels never ran"
+    assert_close_vectors(on_kernels, native, min_cos=0.9999, what="kernels vs torch's ops")

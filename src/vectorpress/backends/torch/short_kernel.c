@@ -259,13 +259,12 @@ int vp_amx_ready(void) {
    rounded to bfloat16 for the product with V, their float32 sum dividing the result), P V as
    tile sums again; the result rounded to bfloat16. q, k and v hold `len` rows `stride` values
    apart, `dim` (32 or 64) values each; the scratch `w` is laid out by `attention_bf16`. */
-/* e^x for x <= 0 (a softmax's shifted scores), to about 2e-7 relative: 2^(x log2 e) split
-   into 2^n 2^f, |f| <= 1/2, 2^f by its Taylor series to f^6. Its values are rounded to
-   bfloat16 before they are used (or summed in float32), so libmvec's exactness buys nothing
-   here: with its expf, the corpus's attention took 61-66 ms against 57-61. */
-static inline __m512 exp_neg(__m512 x) {
-    __m512 t = _mm512_mul_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)),
-                             _mm512_set1_ps(1.44269504088896341f));
+/* 2^t for t <= 0 (a softmax's shifted scores, in base 2), to about 2e-7 relative: 2^n 2^f,
+   |f| <= 1/2, 2^f by its Taylor series to f^6. Its values are rounded to bfloat16 before they
+   are used (or summed in float32), so libmvec's exactness buys nothing here: with its expf,
+   the corpus's attention took 61-66 ms against 57-61. */
+AMX static inline __m512 exp2_neg(__m512 t) {
+    t = _mm512_max_ps(t, _mm512_set1_ps(-126.0f));
     __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 f = _mm512_sub_ps(t, n);
     __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
@@ -276,6 +275,40 @@ static inline __m512 exp_neg(__m512 x) {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, n);
+}
+
+/* A row of scores s[0..len) into p[0..keys): 2^((s - max s) c) rounded to bfloat16, zero past
+   len; returns their float32 sum. Two chains of max and of sums, not one. */
+AMX static inline float softmax_row(const float *s, int64_t len, int64_t keys, float c,
+                                    uint16_t *p) {
+    const __m512 low = _mm512_set1_ps(-INFINITY), cv = _mm512_set1_ps(c);
+    int64_t full = len / 16 * 16, j = 0;
+    __mmask16 tail = lanes(len - full);
+    __m512 m0 = low, m1 = low;
+    for (; j + 32 <= full; j += 32) {
+        m0 = _mm512_max_ps(m0, _mm512_loadu_ps(s + j));
+        m1 = _mm512_max_ps(m1, _mm512_loadu_ps(s + j + 16));
+    }
+    if (j < full) m0 = _mm512_max_ps(m0, _mm512_loadu_ps(s + j));
+    if (tail) m1 = _mm512_max_ps(m1, _mm512_mask_loadu_ps(low, tail, s + full));
+    __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(_mm512_max_ps(m0, m1)) * c);
+    __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
+    for (j = 0; j + 32 <= full; j += 32) {
+        __m512 e0 = exp2_neg(_mm512_fmsub_ps(_mm512_loadu_ps(s + j), cv, shift));
+        __m512 e1 = exp2_neg(_mm512_fmsub_ps(_mm512_loadu_ps(s + j + 16), cv, shift));
+        sum0 = _mm512_add_ps(sum0, e0);
+        sum1 = _mm512_add_ps(sum1, e1);
+        _mm256_storeu_si256((__m256i *)(p + j), (__m256i)_mm512_cvtneps_pbh(e0));
+        _mm256_storeu_si256((__m256i *)(p + j + 16), (__m256i)_mm512_cvtneps_pbh(e1));
+    }
+    for (; j < keys; j += 16) {
+        __mmask16 m = lanes(len - j);
+        __m512 e = _mm512_maskz_mov_ps(
+            m, exp2_neg(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(m, s + j), cv, shift)));
+        sum0 = _mm512_add_ps(sum0, e);
+        _mm256_storeu_si256((__m256i *)(p + j), (__m256i)_mm512_cvtneps_pbh(e));
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
 }
 
 /* bfloat16 attention on AMX, one (sequence, head) at a time, its Q, K and V first laid out as
@@ -353,54 +386,58 @@ AMX static void pack(const uint16_t *q, const uint16_t *k, const uint16_t *v,
     }
 }
 
-/* One head of one sequence from its packed rows (`pack`); `s_all` [16][keys] and `p_all`
-   [16][keys] the scores and exponentials of one block of queries, `o` [16][dim] their P V. */
+/* Scores of the query block in tiles 4 (and 5: dimensions 32-63) against key blocks 2i and
+   2i + 1 for i in [from, to), into s[16][keys]. */
+AMX static void scores(const uint32_t *kt, int64_t steps, int64_t keys, int64_t from, int64_t to,
+                       float *s) {
+    for (int64_t i = from; i < to; i++) {
+        const uint32_t *kb = kt + 2 * i * steps * 256;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_loadd(6, kb, 64);
+        _tile_loadd(7, kb + steps * 256, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        if (steps > 1) {
+            _tile_loadd(6, kb + 256, 64);
+            _tile_loadd(7, kb + steps * 256 + 256, 64);
+            _tile_dpbf16ps(0, 5, 6);
+            _tile_dpbf16ps(1, 5, 7);
+        }
+        _tile_stored(0, s + i * 32, keys * 4);
+        _tile_stored(1, s + i * 32 + 16, keys * 4);
+    }
+}
+
+AMX static void load_queries(const uint16_t *q, int64_t dim) {
+    _tile_loadd(4, q, dim * 2);
+    if (dim > 32) _tile_loadd(5, q + 32, dim * 2);
+}
+
+/* One head of one sequence from its packed rows (`pack`); `s_all` [2][16][keys] and `p_all`
+   [16][keys] the scores of two blocks of queries and the exponentials of one, `o` [16][dim]
+   their P V. The next block's scores are computed on the tiles a few key blocks after each of
+   this block's softmax rows, where the vector units work meanwhile. */
 AMX static void attend_amx(const uint16_t *q, const uint32_t *kt, const uint32_t *vp,
                            int64_t len, int64_t keys, int64_t dim, float scale, uint16_t *out,
                            int64_t out_stride, float *s_all, uint16_t *p_all, float *o) {
-    int64_t steps = dim / 32;
-    const __m512 low = _mm512_set1_ps(-INFINITY), sc = _mm512_set1_ps(scale);
-    for (int64_t i0 = 0; i0 < len; i0 += 16) {
+    int64_t steps = dim / 32, pairs = keys / 32, per_row = (pairs + 15) / 16;
+    const float c = scale * 1.44269504088896341f; /* e^x = 2^(x log2 e) */
+    load_queries(q, dim);
+    scores(kt, steps, keys, 0, pairs, s_all);
+    for (int64_t i0 = 0, blk = 0; i0 < len; i0 += 16, blk++) {
         int rows = len - i0 < 16 ? (int)(len - i0) : 16;
-        _tile_loadd(4, q + i0 * dim, dim * 2);
-        if (steps > 1) _tile_loadd(5, q + i0 * dim + 32, dim * 2);
-        for (int64_t b = 0; b < keys / 16; b += 2) {
-            const uint32_t *kb = kt + b * steps * 256;
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_loadd(6, kb, 64);
-            _tile_loadd(7, kb + steps * 256, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-            if (steps > 1) {
-                _tile_loadd(6, kb + 256, 64);
-                _tile_loadd(7, kb + steps * 256 + 256, 64);
-                _tile_dpbf16ps(0, 5, 6);
-                _tile_dpbf16ps(1, 5, 7);
-            }
-            _tile_stored(0, s_all + b * 16, keys * 4);
-            _tile_stored(1, s_all + b * 16 + 16, keys * 4);
-        }
+        float *s = s_all + (blk % 2) * 16 * keys, *next = s_all + ((blk + 1) % 2) * 16 * keys;
+        int more = i0 + 16 < len;
+        if (more) load_queries(q + (i0 + 16) * dim, dim);
         float inv[16];
         for (int r = 0; r < 16; r++) {
-            float *s = s_all + r * keys;
-            uint16_t *p = p_all + r * keys;
-            if (r >= rows) {
-                memset(p, 0, 2 * keys);
-                continue;
-            }
-            __m512 top = low;
-            for (int64_t j = 0; j < keys; j += 16)
-                top = _mm512_max_ps(top, _mm512_mask_loadu_ps(low, lanes(len - j), s + j));
-            __m512 most = _mm512_set1_ps(_mm512_reduce_max_ps(top) * scale);
-            __m512 sum = _mm512_setzero_ps();
-            for (int64_t j = 0; j < keys; j += 16) {
-                __m512 e = _mm512_maskz_mov_ps(
-                    lanes(len - j), exp_neg(_mm512_fmsub_ps(_mm512_loadu_ps(s + j), sc, most)));
-                sum = _mm512_add_ps(sum, e);
-                _mm256_storeu_si256((__m256i *)(p + j), (__m256i)_mm512_cvtneps_pbh(e));
-            }
-            inv[r] = 1.0f / _mm512_reduce_add_ps(sum);
+            if (r < rows)
+                inv[r] = 1.0f / softmax_row(s + r * keys, len, keys, c, p_all + r * keys);
+            else
+                memset(p_all + r * keys, 0, 2 * keys);
+            int64_t from = r * per_row, to = from + per_row < pairs ? from + per_row : pairs;
+            if (more && from < to) scores(kt, steps, keys, from, to, next);
         }
         _tile_zero(0);
         _tile_zero(1);
@@ -458,7 +495,7 @@ AMX int vp_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *
     int64_t hidden = heads * dim;
     /* Q, K and V packed, then each thread's scores, exponentials and P V. */
     size_t packed = ((size_t)at[seqs] * hidden * 2 * 3 + 63) / 64 * 64;
-    size_t own = ((size_t)(4 + 2) * 16 * longest + 4 * 16 * dim + 63) / 64 * 64;
+    size_t own = ((size_t)(2 * 4 + 2) * 16 * longest + 4 * 16 * dim + 63) / 64 * 64;
     char *mem = aligned_alloc(64, packed + own * threads);
     if (!mem) {
         free(at);
@@ -469,7 +506,7 @@ AMX int vp_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *
 #pragma omp parallel num_threads(threads)
     {
         float *s = (float *)(mem + packed + own * omp_get_thread_num());
-        uint16_t *p = (uint16_t *)(s + 16 * longest);
+        uint16_t *p = (uint16_t *)(s + 2 * 16 * longest);
         float *o = (float *)(p + 16 * longest);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < seqs; i++) {

@@ -164,17 +164,18 @@ class AddNorm:
             params = (norm.weight.detach().float(), norm.bias.detach().float())
             self.widened[norm] = params
         weight, bias = params
-        self.lib.vp_add_norm_bf16(
-            a.data_ptr(),
-            b.data_ptr(),
-            a.shape[0],
-            a.shape[1],
-            weight.data_ptr(),
-            bias.data_ptr(),
-            norm.eps,
-            a.data_ptr(),
-            torch.get_num_threads(),
-        )
+        with torch.profiler.record_function("vp_add_norm"):
+            self.lib.vp_add_norm_bf16(
+                a.data_ptr(),
+                b.data_ptr(),
+                a.shape[0],
+                a.shape[1],
+                weight.data_ptr(),
+                bias.data_ptr(),
+                norm.eps,
+                a.data_ptr(),
+                torch.get_num_threads(),
+            )
         return a
 
 

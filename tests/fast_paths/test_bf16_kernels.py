@@ -19,7 +19,7 @@ from tests.helpers.batches import pooled, tokenized_batches
 from tests.helpers.cpu import needs_amx, needs_kernel
 from tests.helpers.reference import assert_close_vectors
 from vectorpress.backends.common.sequences import PackedSequences
-from vectorpress.backends.torch.attention import packed_attention
+from vectorpress.backends.torch.attention import ScoreBias, packed_attention
 from vectorpress.backends.torch.backend import TorchBackend
 from vectorpress.backends.torch.bf16_kernels import AddNorm, AmxAttention, bf16_kernels
 from vectorpress.backends.torch.cpu_kernels import NONE, CpuKernels, add_norm, cpu_kernels
@@ -76,6 +76,36 @@ def test_matches_the_reference_on_fused_and_separate_projections(
             torch.testing.assert_close(got.float(), want, atol=1e-2, rtol=1.6e-2, msg=name)
 
 
+def _relative_bias(seed: int = 0) -> ScoreBias:
+    """An MPNet-like score bias: a value per head and distance j - i."""
+    table = torch.randn(HEADS, 2 * 400 + 1, generator=torch.Generator().manual_seed(seed))
+
+    def bias(n: int, dtype: torch.dtype) -> torch.Tensor:
+        pos = torch.arange(n)
+        return table[:, (pos.unsqueeze(0) - pos.unsqueeze(1)) + 400].to(dtype)
+
+    return bias
+
+
+@needs_amx
+@pytest.mark.parametrize("dim", [32, 64])
+def test_a_relative_position_bias_keeps_float32_attentions_values(
+    kernel: AmxAttention, dim: int
+) -> None:
+    seqs = _seqs(LENGTHS)
+    q, k, v = _qkv(seqs.total, dim, seed=2)
+    bias = _relative_bias()
+    got = kernel(q, k, v, seqs, None, bias)
+    assert got is not None
+    want = reference_attention(q.float(), k.float(), v.float(), seqs, bias=bias)
+    # P in two bfloat16 parts: what is left is the result's own rounding to bfloat16.
+    torch.testing.assert_close(got.float(), want, atol=1e-3, rtol=2**-8)
+    # Each sequence reads the top-left corner of the longest one's bias.
+    rows = slice(seqs.starts[1], seqs.starts[1] + seqs.lengths[1])
+    alone = kernel(q[rows], k[rows], v[rows], _seqs([seqs.lengths[1]]), None, bias)
+    assert alone is not None and torch.equal(alone, got[rows])
+
+
 @needs_amx
 def test_a_sequence_gets_the_same_values_in_any_pass(kernel: AmxAttention) -> None:
     seqs = _seqs(LENGTHS)
@@ -109,7 +139,6 @@ def test_calls_it_does_not_fit_take_the_grouped_path(kernel: AmxAttention) -> No
     cases = {
         "causal": ((q, k, v, seqs), {"causal": True}),
         "window": ((q, k, v, seqs), {"window": 8}),
-        "bias": ((q, k, v, seqs), {"bias": lambda n, dtype: torch.zeros(HEADS, n, n, dtype=dtype)}),
         "fewer key heads": ((q, k[:, :1], v[:, :1], seqs), {}),
         "float32": ((q.float(), k.float(), v.float(), seqs), {}),
         "48 dimensions": ((*_qkv(seqs.total, 48), seqs), {}),

@@ -37,7 +37,8 @@ def _mask(
 ScoreBias = Callable[[int, torch.dtype], torch.Tensor]
 """`bias(L, dtype)`: an additive `(heads, L, L)` score bias for sequences of length L, in `dtype`
 (the model's, or float32 where attention widens it); the model keeps one per length and dtype for
-all its layers, so that no layer casts it again."""
+all its layers, so that no layer casts it again. It depends on j - i only (MPNet's relative
+positions): the compiled kernels read a shorter sequence's from a longer one's top-left corner."""
 
 
 def _with_bias(
@@ -92,8 +93,8 @@ def packed_attention(
     score bias per sequence length (MPNet's relative positions; see `ScoreBias`).
     """
     kernel = current().attention
-    if kernel is not None and bias is None and window is None and not causal:
-        out = kernel(q, k, v, seqs, scale)
+    if kernel is not None and window is None and not causal:
+        out = kernel(q, k, v, seqs, scale, bias)
         if out is not None:
             return out
     n_heads, kv_heads = q.shape[1], k.shape[1]

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
@@ -17,8 +17,9 @@ from vectorpress.backends.common.sequences import PackedSequences
 
 
 class AttentionKernel(Protocol):
-    """Attention within each sequence of `(total_tokens, heads, dim)` rows, or None where the
-    call does not fit the kernel (the caller then runs its own)."""
+    """Attention within each sequence of `(total_tokens, heads, dim)` rows, with an additive
+    score bias per length (`attention.ScoreBias`) or none, or None where the call does not fit
+    the kernel (the caller then runs its own)."""
 
     def __call__(
         self,
@@ -27,6 +28,7 @@ class AttentionKernel(Protocol):
         v: torch.Tensor,
         seqs: PackedSequences,
         scale: float | None = None,
+        bias: Callable[[int, torch.dtype], torch.Tensor] | None = None,
     ) -> torch.Tensor | None: ...
 
 

@@ -277,10 +277,34 @@ AMX static inline __m512 exp2_neg(__m512 t) {
     return _mm512_scalef_ps(p, n);
 }
 
-/* A row of scores s[0..len) into p[0..keys): 2^((s - max s) c) rounded to bfloat16, zero past
-   len; returns their float32 sum. Two chains of max and of sums, not one. */
-AMX static inline float softmax_row(const float *s, int64_t len, int64_t keys, float c,
-                                    uint16_t *p) {
+/* e into p[j..j+16) rounded to bfloat16, and where `lo` is given what that rounding left off
+   into lo[j..j+16), rounded again: p + lo holds e to about 2^-17. */
+AMX static inline void store_p(uint16_t *p, uint16_t *lo, int64_t j, __m512 e) {
+    __m256bh h = _mm512_cvtneps_pbh(e);
+    _mm256_storeu_si256((__m256i *)(p + j), (__m256i)h);
+    if (lo) {
+        __m512i wide = _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16);
+        __m512 rest = _mm512_sub_ps(e, _mm512_castsi512_ps(wide));
+        _mm256_storeu_si256((__m256i *)(lo + j), (__m256i)_mm512_cvtneps_pbh(rest));
+    }
+}
+
+/* A row of scores s[0..len) (Q K^T, then scaled and their bias `add` added where there is one)
+   into p[0..keys) (and lo, see store_p): e^(x - max x), zero past len; returns their float32
+   sum. Two chains of max and of sums, not one. */
+AMX static inline float softmax_row(float *s, const float *add, float scale, int64_t len,
+                                    int64_t keys, uint16_t *p, uint16_t *lo) {
+    const float log2e = 1.44269504088896341f; /* e^x = 2^(x log2 e) */
+    float c = scale * log2e;
+    if (add) {
+        for (int64_t j = 0; j < len; j += 16) {
+            __mmask16 m = lanes(len - j);
+            __m512 x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, s + j), _mm512_set1_ps(scale),
+                                       _mm512_maskz_loadu_ps(m, add + j));
+            _mm512_mask_storeu_ps(s + j, m, x);
+        }
+        c = log2e;
+    }
     const __m512 low = _mm512_set1_ps(-INFINITY), cv = _mm512_set1_ps(c);
     int64_t full = len / 16 * 16, j = 0;
     __mmask16 tail = lanes(len - full);
@@ -298,15 +322,15 @@ AMX static inline float softmax_row(const float *s, int64_t len, int64_t keys, f
         __m512 e1 = exp2_neg(_mm512_fmsub_ps(_mm512_loadu_ps(s + j + 16), cv, shift));
         sum0 = _mm512_add_ps(sum0, e0);
         sum1 = _mm512_add_ps(sum1, e1);
-        _mm256_storeu_si256((__m256i *)(p + j), (__m256i)_mm512_cvtneps_pbh(e0));
-        _mm256_storeu_si256((__m256i *)(p + j + 16), (__m256i)_mm512_cvtneps_pbh(e1));
+        store_p(p, lo, j, e0);
+        store_p(p, lo, j + 16, e1);
     }
     for (; j < keys; j += 16) {
         __mmask16 m = lanes(len - j);
         __m512 e = _mm512_maskz_mov_ps(
             m, exp2_neg(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(m, s + j), cv, shift)));
         sum0 = _mm512_add_ps(sum0, e);
-        _mm256_storeu_si256((__m256i *)(p + j), (__m256i)_mm512_cvtneps_pbh(e));
+        store_p(p, lo, j, e);
     }
     return _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
 }
@@ -419,10 +443,10 @@ AMX static void load_queries(const uint16_t *q, int64_t dim) {
    their P V. The next block's scores are computed on the tiles a few key blocks after each of
    this block's softmax rows, where the vector units work meanwhile. */
 AMX static void attend_amx(const uint16_t *q, const uint32_t *kt, const uint32_t *vp,
-                           int64_t len, int64_t keys, int64_t dim, float scale, uint16_t *out,
-                           int64_t out_stride, float *s_all, uint16_t *p_all, float *o) {
+                           int64_t len, int64_t keys, int64_t dim, float scale, const float *bias,
+                           int64_t span, uint16_t *out, int64_t out_stride, float *s_all,
+                           uint16_t *p_all, uint16_t *lo_all, float *o) {
     int64_t steps = dim / 32, pairs = keys / 32, per_row = (pairs + 15) / 16;
-    const float c = scale * 1.44269504088896341f; /* e^x = 2^(x log2 e) */
     load_queries(q, dim);
     scores(kt, steps, keys, 0, pairs, s_all);
     for (int64_t i0 = 0, blk = 0; i0 < len; i0 += 16, blk++) {
@@ -433,9 +457,13 @@ AMX static void attend_amx(const uint16_t *q, const uint32_t *kt, const uint32_t
         float inv[16];
         for (int r = 0; r < 16; r++) {
             if (r < rows)
-                inv[r] = 1.0f / softmax_row(s + r * keys, len, keys, c, p_all + r * keys);
-            else
+                inv[r] = 1.0f / softmax_row(s + r * keys, bias ? bias + (i0 + r) * span : 0,
+                                            scale, len, keys, p_all + r * keys,
+                                            lo_all ? lo_all + r * keys : 0);
+            else {
                 memset(p_all + r * keys, 0, 2 * keys);
+                if (lo_all) memset(lo_all + r * keys, 0, 2 * keys);
+            }
             int64_t from = r * per_row, to = from + per_row < pairs ? from + per_row : pairs;
             if (more && from < to) scores(kt, steps, keys, from, to, next);
         }
@@ -452,11 +480,20 @@ AMX static void attend_amx(const uint16_t *q, const uint32_t *kt, const uint32_t
             _tile_dpbf16ps(0, 4, 6);
             _tile_loadd(7, vb + 16, dim * 4);
             _tile_dpbf16ps(1, 4, 7);
+            if (lo_all) {
+                _tile_loadd(5, lo_all + j, keys * 2);
+                _tile_dpbf16ps(0, 5, 6);
+                _tile_dpbf16ps(1, 5, 7);
+            }
             if (steps > 1) {
                 _tile_loadd(6, vb + 32, dim * 4);
                 _tile_dpbf16ps(2, 4, 6);
                 _tile_loadd(7, vb + 48, dim * 4);
                 _tile_dpbf16ps(3, 4, 7);
+                if (lo_all) {
+                    _tile_dpbf16ps(2, 5, 6);
+                    _tile_dpbf16ps(3, 5, 7);
+                }
             }
         }
         _tile_stored(0, o, dim * 4);
@@ -478,12 +515,15 @@ AMX static void attend_amx(const uint16_t *q, const uint32_t *kt, const uint32_t
 
 /* Attention within each of `seqs` sequences (bounds in `cu`) of packed bfloat16 rows: q, k and
    v [rows][heads][dim], stride[0], stride[1] and stride[2] values from one row to the next,
-   out [rows][heads][dim] contiguous; `dim` 32 or 64. The sequences are laid out for the tiles
-   first (`pack`), then the (sequence, head) pairs go to the threads as they come free. */
+   out [rows][heads][dim] contiguous; `dim` 32 or 64. `bias` (or NULL): a float32 score bias
+   [heads][span][span] that depends on j - i only (MPNet's relative positions), `span` at least
+   the longest sequence: every sequence reads its top-left corner. The sequences are laid out
+   for the tiles first (`pack`), then the (sequence, head) pairs go to the threads as they come
+   free. */
 AMX int vp_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v,
                           const int64_t stride[3], const int32_t *cu, int64_t seqs,
-                          int64_t heads, int64_t dim, float scale, uint16_t *out,
-                          int threads) {
+                          int64_t heads, int64_t dim, float scale, const float *bias,
+                          int64_t span, int split, uint16_t *out, int threads) {
     int64_t longest = 0, *at = malloc(sizeof(int64_t) * (seqs + 1));
     if (!at) return -1;
     at[0] = 0;
@@ -495,7 +535,7 @@ AMX int vp_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *
     int64_t hidden = heads * dim;
     /* Q, K and V packed, then each thread's scores, exponentials and P V. */
     size_t packed = ((size_t)at[seqs] * hidden * 2 * 3 + 63) / 64 * 64;
-    size_t own = ((size_t)(2 * 4 + 2) * 16 * longest + 4 * 16 * dim + 63) / 64 * 64;
+    size_t own = ((size_t)(2 * 4 + 2 * 2) * 16 * longest + 4 * 16 * dim + 63) / 64 * 64;
     char *mem = aligned_alloc(64, packed + own * threads);
     if (!mem) {
         free(at);
@@ -506,8 +546,8 @@ AMX int vp_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *
 #pragma omp parallel num_threads(threads)
     {
         float *s = (float *)(mem + packed + own * omp_get_thread_num());
-        uint16_t *p = (uint16_t *)(s + 2 * 16 * longest);
-        float *o = (float *)(p + 16 * longest);
+        uint16_t *p = (uint16_t *)(s + 2 * 16 * longest), *lo = p + 16 * longest;
+        float *o = (float *)(lo + 16 * longest);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < seqs; i++) {
             int64_t start = cu[i];
@@ -521,7 +561,8 @@ AMX int vp_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *
             int64_t i = task / heads, h = task % heads, keys = at[i + 1] - at[i];
             int64_t base = at[i] * hidden + h * keys * dim;
             attend_amx(qp + base, kt + base / 2, vp + base / 2, cu[i + 1] - cu[i], keys, dim,
-                       scale, out + (cu[i] * heads + h) * dim, hidden, s, p, o);
+                       scale, bias ? bias + h * span * span : 0, span,
+                       out + (cu[i] * heads + h) * dim, hidden, s, p, split ? lo : 0, o);
         }
         tiles_off();
     }
@@ -535,9 +576,10 @@ AMX int vp_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *
 int vp_amx_ready(void) { return 0; }
 int vp_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v,
                       const int64_t stride[3], const int32_t *cu, int64_t seqs, int64_t heads,
-                      int64_t dim, float scale, uint16_t *out, int threads) {
+                      int64_t dim, float scale, const float *bias, int64_t span, int split,
+                      uint16_t *out, int threads) {
     (void)q, (void)k, (void)v, (void)stride, (void)cu, (void)seqs, (void)heads, (void)dim;
-    (void)scale, (void)out, (void)threads;
+    (void)scale, (void)bias, (void)span, (void)split, (void)out, (void)threads;
     return -1;
 }
 static void tiles_on(void) {}

@@ -136,6 +136,8 @@ def test_calls_it_does_not_fit_take_the_grouped_path(kernel: AmxAttention) -> No
     seqs = _seqs([20, 9])
     q, k, v = _qkv(seqs.total, 32)
     held_out = PackedSequences(seqs.cu_seqlens, 20, key_lengths=[12, 9])
+    tiny = _seqs([3] * 1300)
+    tq, tk, tv = _qkv(tiny.total, 32)
     cases = {
         "causal": ((q, k, v, seqs), {"causal": True}),
         "window": ((q, k, v, seqs), {"window": 8}),
@@ -143,6 +145,7 @@ def test_calls_it_does_not_fit_take_the_grouped_path(kernel: AmxAttention) -> No
         "float32": ((q.float(), k.float(), v.float(), seqs), {}),
         "48 dimensions": ((*_qkv(seqs.total, 48), seqs), {}),
         "held-out keys": ((q, k, v, held_out), {}),
+        "1,300 texts of 3 tokens": ((tq, tk, tv, tiny), {}),
     }
     for name, (args, options) in cases.items():
         with cpu_kernels(CpuKernels(attention=kernel)):

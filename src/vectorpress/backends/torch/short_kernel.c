@@ -11,8 +11,9 @@
    bfloat16, one chain of tile products): a token's values do not depend on the other rows of its
    pass nor on the thread count.
 
-   The library also holds bfloat16 attention on AMX (`vp_attention_bf16`), which a bfloat16
-   model's longer passes call from torch (amx_attention.py says why). */
+   The library also holds two ops that a bfloat16 model's longer passes call from torch
+   (bf16_kernels.py says why): attention on AMX (`vp_attention_bf16`) and the residual add with
+   LayerNorm (`vp_add_norm_bf16`). */
 
 #include <immintrin.h>
 #include <math.h>
@@ -337,8 +338,9 @@ AMX static inline float softmax_row(float *s, const float *add, float scale, int
 
 /* bfloat16 attention on AMX, one (sequence, head) at a time, its Q, K and V first laid out as
    the tiles read them (`pack`): scores Q K^T as float32 tile sums of bfloat16 products, each
-   query's softmax over its whole row in float32 (its exponentials rounded to bfloat16 for the
-   product with V, their float32 sum dividing the result), P V as tile sums again, the result
+   query's softmax over its whole row in float32 (a score bias added in float32 where there is
+   one; its exponentials rounded to bfloat16 for the product with V, or split in two bfloat16
+   parts where asked, their float32 sum dividing the result), P V as tile sums again, the result
    rounded to bfloat16. `dim` is 32 or 64; a sequence's keys are padded to a multiple of 32. */
 
 /* r[0..15] (16 x 16 uint32) transposed in place. */

@@ -88,6 +88,24 @@ class AmxAttention:
             ctypes.c_void_p,  # out
             ctypes.c_int,  # threads
         ]
+        # The last pass's layout (`_layout`), kept with the pass's sequences it is for.
+        self._last: tuple[PackedSequences, tuple[torch.Tensor, int, int] | None] | None = None
+
+    def _layout(self, seqs: PackedSequences) -> tuple[torch.Tensor, int, int] | None:
+        """The real sequences' bounds (int32), count and longest length, or None for a pass of
+        many very short texts (`MAX_LAYOUT_OVER_ROWS`); the same for every layer of a pass, so
+        worked out on its first."""
+        if self._last is not None and self._last[0] is seqs:
+            return self._last[1]
+        # The filler rows of a padded pass are a sequence of their own, last: zeros.
+        count = seqs.size - (1 if seqs.filler else 0)
+        cu = seqs.cu_seqlens[: count + 1].to(torch.int32)
+        laid_out = int(((cu[1:] - cu[:-1] + 31) // 32).sum()) * 32
+        rows = seqs.total - seqs.filler
+        fits = laid_out <= max(MAX_LAYOUT_WITHOUT_CHECK, MAX_LAYOUT_OVER_ROWS * rows)
+        layout = (cu, count, max(seqs.lengths[:count], default=0)) if fits else None
+        self._last = (seqs, layout)
+        return layout
 
     @staticmethod
     def fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: PackedSequences) -> bool:
@@ -116,18 +134,14 @@ class AmxAttention:
     ) -> torch.Tensor | None:
         if not self.fits(q, k, v, seqs):
             return None
-        total, heads, dim = q.shape
-        # The filler rows of a padded pass are a sequence of their own, last: zeros.
-        count = seqs.size - (1 if seqs.filler else 0)
-        cu = seqs.cu_seqlens[: count + 1].to(torch.int32)
-        laid_out = int(((cu[1:] - cu[:-1] + 31) // 32).sum()) * 32
-        rows = total - seqs.filler
-        if laid_out > max(MAX_LAYOUT_WITHOUT_CHECK, MAX_LAYOUT_OVER_ROWS * rows):
+        layout = self._layout(seqs)
+        if layout is None:
             return None
+        cu, count, span = layout
+        total, heads, dim = q.shape
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
         if seqs.filler:
             out[total - seqs.filler :] = 0
-        span = max(seqs.lengths[:count], default=0)
         # MPNet's bias depends on j - i only: each sequence reads the top-left corner of the
         # longest one's, in float32 (rounded to bfloat16 it cost mpnet's sensitive text).
         table = None if bias is None or not span else bias(span, torch.float32).contiguous()

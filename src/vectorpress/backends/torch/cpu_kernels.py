@@ -5,15 +5,19 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
 
 from vectorpress.backends.common.sequences import PackedSequences
+
+if TYPE_CHECKING:
+    # attention.py asks this module for its kernel.
+    from vectorpress.backends.torch.attention import ScoreBias
 
 
 class AttentionKernel(Protocol):
@@ -28,7 +32,7 @@ class AttentionKernel(Protocol):
         v: torch.Tensor,
         seqs: PackedSequences,
         scale: float | None = None,
-        bias: Callable[[int, torch.dtype], torch.Tensor] | None = None,
+        bias: ScoreBias | None = None,
     ) -> torch.Tensor | None: ...
 
 

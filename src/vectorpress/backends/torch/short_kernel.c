@@ -127,9 +127,13 @@ static void block(const float *a, int64_t lda, int rows, const float *panel, int
     finish(c, rows, res, out, ld, cols, act, 0);
 }
 
+/* 16 bfloat16 values as float32 (exactly). */
+static inline __m512 widened(__m256i h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 static inline __m512 widen(const uint16_t *p, __mmask16 m) {
-    __m512i u = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+    return widened(_mm256_maskz_loadu_epi16(m, p));
 }
 
 static inline void narrow(uint16_t *p, __mmask16 m, __m512 v) {
@@ -284,8 +288,7 @@ AMX static inline void store_p(uint16_t *p, uint16_t *lo, int64_t j, __m512 e) {
     __m256bh h = _mm512_cvtneps_pbh(e);
     _mm256_storeu_si256((__m256i *)(p + j), (__m256i)h);
     if (lo) {
-        __m512i wide = _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16);
-        __m512 rest = _mm512_sub_ps(e, _mm512_castsi512_ps(wide));
+        __m512 rest = _mm512_sub_ps(e, widened((__m256i)h));
         _mm256_storeu_si256((__m256i *)(lo + j), (__m256i)_mm512_cvtneps_pbh(rest));
     }
 }

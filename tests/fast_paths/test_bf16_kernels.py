@@ -14,12 +14,12 @@ import torch
 from bench.corpus import corpus
 from torch import nn
 
-from tests.helpers.attention import reference_attention
+from tests.helpers.attention import packed, reference_attention, relative_bias
 from tests.helpers.batches import pooled, tokenized_batches
 from tests.helpers.cpu import needs_amx, needs_kernel
 from tests.helpers.reference import assert_close_vectors
 from vectorpress.backends.common.sequences import PackedSequences
-from vectorpress.backends.torch.attention import ScoreBias, packed_attention
+from vectorpress.backends.torch.attention import packed_attention
 from vectorpress.backends.torch.backend import TorchBackend
 from vectorpress.backends.torch.bf16_kernels import AddNorm, AmxAttention, bf16_kernels
 from vectorpress.backends.torch.cpu_kernels import NONE, CpuKernels, add_norm, cpu_kernels
@@ -45,11 +45,6 @@ def kernel(kernels: CpuKernels) -> AmxAttention:
     return kernels.attention
 
 
-def _seqs(lengths: list[int]) -> PackedSequences:
-    cu = torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int64)
-    return PackedSequences(cu, max(lengths))
-
-
 def _qkv(total: int, dim: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
     """q, k and v as a fused projection's output leaves them: views of one (total, 3, heads,
     dim) tensor, a row apart by 3 * heads * dim."""
@@ -63,7 +58,7 @@ def _qkv(total: int, dim: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
 def test_matches_the_reference_on_fused_and_separate_projections(
     kernel: AmxAttention, dim: int
 ) -> None:
-    seqs = _seqs(LENGTHS)
+    seqs = packed(LENGTHS)
     q, k, v = _qkv(seqs.total, dim)
     # Rotated q and k are tensors of their own, v still a view: three strides.
     layouts = {"fused": (q, k, v), "separate": (q.contiguous(), k.contiguous(), v)}
@@ -76,25 +71,14 @@ def test_matches_the_reference_on_fused_and_separate_projections(
             torch.testing.assert_close(got.float(), want, atol=1e-2, rtol=1.6e-2, msg=name)
 
 
-def _relative_bias(seed: int = 0) -> ScoreBias:
-    """An MPNet-like score bias: a value per head and distance j - i."""
-    table = torch.randn(HEADS, 2 * 400 + 1, generator=torch.Generator().manual_seed(seed))
-
-    def bias(n: int, dtype: torch.dtype) -> torch.Tensor:
-        pos = torch.arange(n)
-        return table[:, (pos.unsqueeze(0) - pos.unsqueeze(1)) + 400].to(dtype)
-
-    return bias
-
-
 @needs_amx
 @pytest.mark.parametrize("dim", [32, 64])
 def test_a_relative_position_bias_keeps_float32_attentions_values(
     kernel: AmxAttention, dim: int
 ) -> None:
-    seqs = _seqs(LENGTHS)
+    seqs = packed(LENGTHS)
     q, k, v = _qkv(seqs.total, dim, seed=2)
-    bias = _relative_bias()
+    bias = relative_bias(HEADS)
     got = kernel(q, k, v, seqs, None, bias)
     assert got is not None
     want = reference_attention(q.float(), k.float(), v.float(), seqs, bias=bias)
@@ -102,26 +86,26 @@ def test_a_relative_position_bias_keeps_float32_attentions_values(
     torch.testing.assert_close(got.float(), want, atol=1e-3, rtol=2**-8)
     # Each sequence reads the top-left corner of the longest one's bias.
     rows = slice(seqs.starts[1], seqs.starts[1] + seqs.lengths[1])
-    alone = kernel(q[rows], k[rows], v[rows], _seqs([seqs.lengths[1]]), None, bias)
+    alone = kernel(q[rows], k[rows], v[rows], packed([seqs.lengths[1]]), None, bias)
     assert alone is not None and torch.equal(alone, got[rows])
 
 
 @needs_amx
 def test_a_sequence_gets_the_same_values_in_any_pass(kernel: AmxAttention) -> None:
-    seqs = _seqs(LENGTHS)
+    seqs = packed(LENGTHS)
     q, k, v = _qkv(seqs.total, 32)
     together = kernel(q, k, v, seqs)
     assert together is not None
     for start, n in zip(seqs.starts, seqs.lengths, strict=True):
         rows = slice(start, start + n)
-        alone = kernel(q[rows], k[rows], v[rows], _seqs([n]))
+        alone = kernel(q[rows], k[rows], v[rows], packed([n]))
         assert alone is not None
         assert torch.equal(alone, together[rows]), n
 
 
 @needs_amx
 def test_filler_rows_are_zeros_and_change_nothing(kernel: AmxAttention) -> None:
-    seqs = _seqs([40, 7])
+    seqs = packed([40, 7])
     q, k, v = _qkv(seqs.total + 9, 32)
     padded = seqs.with_filler(seqs.total + 9)
     got = kernel(q, k, v, padded)
@@ -133,10 +117,10 @@ def test_filler_rows_are_zeros_and_change_nothing(kernel: AmxAttention) -> None:
 
 @needs_amx
 def test_calls_it_does_not_fit_take_the_grouped_path(kernel: AmxAttention) -> None:
-    seqs = _seqs([20, 9])
+    seqs = packed([20, 9])
     q, k, v = _qkv(seqs.total, 32)
     held_out = PackedSequences(seqs.cu_seqlens, 20, key_lengths=[12, 9])
-    tiny = _seqs([3] * 1300)
+    tiny = packed([3] * 1300)
     tq, tk, tv = _qkv(tiny.total, 32)
     cases = {
         "causal": ((q, k, v, seqs), {"causal": True}),
@@ -208,7 +192,6 @@ def test_residual_steps_it_does_not_fit_take_torchs(kernels: CpuKernels) -> None
 
 def test_a_bfloat16_backend_takes_them_and_keeps_its_vectors(minilm: Path) -> None:
     spec = load_model_spec(minilm, ModelSettings(str(minilm)))
-    assert TorchBackend(spec, "cpu", "float32").passes.kernels is NONE
     backend = TorchBackend(spec, "cpu", "bfloat16")
     kernels = backend.passes.kernels
     assert isinstance(kernels.add_norm, AddNorm)

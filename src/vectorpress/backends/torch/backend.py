@@ -27,8 +27,9 @@ from vectorpress.backends.preemption import add_layer_points
 from vectorpress.backends.torch.attention import varlen_usable
 from vectorpress.backends.torch.bf16_kernels import bf16_kernels
 from vectorpress.backends.torch.blocks import FusedModel
-from vectorpress.backends.torch.cpu_kernels import NONE
+from vectorpress.backends.torch.cpu_kernels import NONE, CpuKernels
 from vectorpress.backends.torch.cuda_graphs import POOLED_IN_GRAPHS, CudaGraphs, Replayed
+from vectorpress.backends.torch.f32_kernels import f32_kernels
 from vectorpress.backends.torch.heads import ClassificationHead, MLMHead
 from vectorpress.backends.torch.int8 import INT8_PASS_TOKENS, int8_ready, quantize_linears
 from vectorpress.backends.torch.layers import onednn_supported
@@ -163,6 +164,13 @@ def load_head(spec: ModelSpec) -> nn.Module:
     return head
 
 
+def _cpu_kernels(dtype: torch.dtype, cache_dir: Path) -> CpuKernels:
+    """The compiled ops this dtype's CPU passes call where they fit."""
+    if dtype == torch.bfloat16:
+        return bf16_kernels(dtype, cache_dir)
+    return f32_kernels(dtype, cache_dir)
+
+
 def _threads(n: int) -> str:
     return "1 thread" if n == 1 else "all threads"
 
@@ -252,7 +260,7 @@ class TorchBackend:
         ]
         self.multi = MultiVectorHeads(spec, device)
         shortcut = next((c.run for c in shortcuts if c.name == plan.small_shortcut), None)
-        kernels = bf16_kernels(torch_dtype, cache_dir or build_cache()) if device == "cpu" else NONE
+        kernels = _cpu_kernels(torch_dtype, cache_dir or build_cache()) if device == "cpu" else NONE
         self.passes = CpuPasses(
             INT8_PASS_TOKENS if int8 else CPU_PASS_TOKENS,
             plan,

@@ -20,9 +20,8 @@ to 1,000 tokens, 2.3-2.7x for one short text; heads of 64: 1.2-1.7x from 64 toke
 step below): 45,300-46,300 tokens/s against 32,800-33,700, at the same lowest cosine to float32
 (0.99989).
 
-It fits attention without a window, a causal mask or held-out keys, with as many key heads as
-query heads of 32 or 64 dimensions: BERT's, RoBERTa's, XLM-R's, DistilBERT's, and MPNet's with its
-relative position bias. The bias stays float32, added to the float32 scores (torch's bfloat16
+It fits the calls `kernel_attention.py` says, with heads of 32 or 64 dimensions. MPNet's relative
+position bias stays float32, added to the float32 scores (torch's bfloat16
 path widens MPNet's attention to float32 for its accuracy, casts included), and P goes to the
 tiles in two bfloat16 parts, its rounding and what the rounding left off, which keeps P to about
 2^-17: with P in one part, all-mpnet-base-v2's most sensitive corpus text fell to cosine 0.99712
@@ -40,131 +39,64 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import math
 import weakref
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from vectorpress.backends.common.sequences import PackedSequences
-from vectorpress.backends.torch.attention import ScoreBias
 from vectorpress.backends.torch.cpu_kernels import NONE, CpuKernels
+from vectorpress.backends.torch.kernel_attention import ARGTYPES, KernelAttention, Layout, strides
 from vectorpress.backends.torch.short_kernel import amx_ready, load_library
 
 log = logging.getLogger(__name__)
 
-HEAD_DIMS = (32, 64)
-# A pass of many very short texts lays out several times its rows (each sequence in whole
-# tiles of 32 keys), allocated per layer, and pays a task per text and head: measured on the
-# AMX Xeon (12 heads, grouped calls against the kernel), 1,300 texts of 3 tokens ran 3.5x (heads
-# of 32) and 5.5x (64) slower on the kernel, 400 of 10 tokens 1.14x faster and 2.6x slower,
-# 68 of 60 tokens 2.2x and 1.7x faster; the corpus's batches lay out about 1.2x their rows.
-# Such passes go to the grouped calls.
-MAX_LAYOUT_OVER_ROWS = 2
-MAX_LAYOUT_WITHOUT_CHECK = 2048
 
+class AmxAttention(KernelAttention):
+    """bfloat16 attention on AMX's tiles (see the module's docstring)."""
 
-class AmxAttention:
-    """`(q, k, v, seqs, scale)` -> the attention of `(total_tokens, heads, dim)` bfloat16 rows
-    within each sequence, or None where the call does not fit (see the module's docstring)."""
+    dtype = torch.bfloat16
+    head_dims = (32, 64)
+    key_block = 32
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        self.lib = lib
+        super().__init__(lib)
         lib.vp_attention_bf16.restype = ctypes.c_int
         lib.vp_attention_bf16.argtypes = [
-            ctypes.c_void_p,  # q
-            ctypes.c_void_p,  # k
-            ctypes.c_void_p,  # v
-            ctypes.c_void_p,  # stride[3]
-            ctypes.c_void_p,  # cu
-            ctypes.c_int64,  # seqs
-            ctypes.c_int64,  # heads
-            ctypes.c_int64,  # dim
-            ctypes.c_float,  # scale
-            ctypes.c_void_p,  # bias (float32) or NULL
-            ctypes.c_int64,  # span
+            *ARGTYPES,
             ctypes.c_int,  # split
             ctypes.c_void_p,  # out
             ctypes.c_int,  # threads
         ]
-        # The last pass's layout (`_layout`), kept with the pass's sequences it is for.
-        self._last: tuple[PackedSequences, tuple[torch.Tensor, int, int] | None] | None = None
 
-    def _layout(self, seqs: PackedSequences) -> tuple[torch.Tensor, int, int] | None:
-        """The real sequences' bounds (int32), count and longest length, or None for a pass of
-        many very short texts (`MAX_LAYOUT_OVER_ROWS`); the same for every layer of a pass, so
-        worked out on its first."""
-        if self._last is not None and self._last[0] is seqs:
-            return self._last[1]
-        # The filler rows of a padded pass are a sequence of their own, last: zeros.
-        count = seqs.size - (1 if seqs.filler else 0)
-        cu = seqs.cu_seqlens[: count + 1].to(torch.int32)
-        laid_out = int(((cu[1:] - cu[:-1] + 31) // 32).sum()) * 32
-        rows = seqs.total - seqs.filler
-        fits = laid_out <= max(MAX_LAYOUT_WITHOUT_CHECK, MAX_LAYOUT_OVER_ROWS * rows)
-        layout = (cu, count, max(seqs.lengths[:count], default=0)) if fits else None
-        self._last = (seqs, layout)
-        return layout
-
-    @staticmethod
-    def fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: PackedSequences) -> bool:
-        dim = q.shape[-1]
-        return (
-            seqs.key_lengths is None
-            and q.shape == k.shape == v.shape
-            and dim in HEAD_DIMS
-            and all(
-                t.dtype == torch.bfloat16
-                and t.device.type == "cpu"
-                and t.stride(2) == 1
-                and t.stride(1) == dim
-                for t in (q, k, v)
-            )
-        )
-
-    def __call__(
+    def _launch(
         self,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        seqs: PackedSequences,
-        scale: float | None = None,
-        bias: ScoreBias | None = None,
-    ) -> torch.Tensor | None:
-        if not self.fits(q, k, v, seqs):
-            return None
-        layout = self._layout(seqs)
-        if layout is None:
-            return None
-        cu, count, span = layout
-        total, heads, dim = q.shape
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
-        if seqs.filler:
-            out[total - seqs.filler :] = 0
-        # MPNet's bias depends on j - i only: each sequence reads the top-left corner of the
-        # longest one's, in float32 (rounded to bfloat16 it cost mpnet's sensitive text).
-        table = None if bias is None or not span else bias(span, torch.float32).contiguous()
-        strides = (ctypes.c_int64 * 3)(q.stride(0), k.stride(0), v.stride(0))
-        with torch.profiler.record_function("vp_attention"):
-            failed = self.lib.vp_attention_bf16(
-                q.data_ptr(),
-                k.data_ptr(),
-                v.data_ptr(),
-                strides,
-                cu.data_ptr(),
-                count,
-                heads,
-                dim,
-                1.0 / math.sqrt(dim) if scale is None else scale,
-                None if table is None else table.data_ptr(),
-                span,
-                # With a bias (MPNet), P as two bfloat16 parts, see the module's docstring.
-                int(table is not None),
-                out.data_ptr(),
-                torch.get_num_threads(),
-            )
-        return None if failed else out
+        layout: Layout,
+        scale: float,
+        table: torch.Tensor | None,
+        out: torch.Tensor,
+    ) -> int:
+        failed: int = self.lib.vp_attention_bf16(
+            q.data_ptr(),
+            k.data_ptr(),
+            v.data_ptr(),
+            strides(q, k, v),
+            layout.cu.data_ptr(),
+            layout.count,
+            q.shape[1],
+            q.shape[2],
+            scale,
+            None if table is None else table.data_ptr(),
+            layout.longest,
+            # With a bias (MPNet), P as two bfloat16 parts, see the module's docstring.
+            int(table is not None),
+            out.data_ptr(),
+            torch.get_num_threads(),
+        )
+        return failed
 
 
 class AddNorm:

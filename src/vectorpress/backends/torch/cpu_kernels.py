@@ -1,6 +1,6 @@
 """Compiled ops that a backend's CPU passes call in place of torch's where a call fits them
-(`bf16_kernels.py`): chosen once at start-up, and set for each pass on its thread, as
-`layers.onednn_linears` sets the linears' path."""
+(`f32_kernels.py`, `bf16_kernels.py`): chosen once at start-up, and set for each pass on its
+thread, as `layers.onednn_linears` sets the linears' path."""
 
 from __future__ import annotations
 

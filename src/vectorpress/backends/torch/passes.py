@@ -326,7 +326,7 @@ class CpuPasses:
         # Sort a batch's sequences by length before cutting it (see
         # PackedSequences.longest_first); False runs them in arrival order (the reference).
         self.longest_first = longest_first
-        # Compiled ops the passes call where they fit (`bf16_kernels.py`).
+        # Compiled ops the passes call where they fit (`f32_kernels.py`, `bf16_kernels.py`).
         self.kernels = kernels
 
     def threads(self, tokens: int) -> int:

@@ -11,13 +11,14 @@
    bfloat16, one chain of tile products): a token's values do not depend on the other rows of its
    pass nor on the thread count.
 
-   The library also holds two ops that a bfloat16 model's longer passes call from torch
-   (bf16_kernels.py says why): attention on AMX (`vp_attention_bf16`) and the residual add with
-   LayerNorm (`vp_add_norm_bf16`). */
+   The library also holds ops that longer passes call from torch: a float32 model's attention
+   (`vp_attention_f32`, f32_kernels.py says why), and a bfloat16 model's attention on AMX
+   (`vp_attention_bf16`) and residual add with LayerNorm (`vp_add_norm_bf16`, bf16_kernels.py). */
 
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,6 +128,52 @@ static void block(const float *a, int64_t lda, int rows, const float *panel, int
     finish(c, rows, res, out, ld, cols, act, 0);
 }
 
+/* A call's scratch of `size` bytes (a multiple of 64): the calling thread's, kept from call to
+   call up to KEPT_MAX bytes, or for larger ones its own; NULL where none could be had. Each
+   call's own, the attentions' layouts (tens of megabytes for a long pass) came as fresh pages
+   from the kernel, faulted in and zeroed on every call: 68 texts of 60 tokens (12 heads of 64,
+   float32) took 17.3 ms against 6.6 with the scratch kept. */
+enum { KEPT_MAX = 64 << 20 };
+
+typedef struct {
+    char *mem;
+    size_t size;
+} Kept;
+
+static pthread_key_t kept_key;
+static pthread_once_t kept_once = PTHREAD_ONCE_INIT;
+
+static void kept_free(void *k) {
+    free(((Kept *)k)->mem);
+    free(k);
+}
+
+static void kept_init(void) { pthread_key_create(&kept_key, kept_free); }
+
+static char *scratch(size_t size) {
+    if (size > KEPT_MAX) return aligned_alloc(64, size);
+    pthread_once(&kept_once, kept_init);
+    Kept *k = pthread_getspecific(kept_key);
+    if (!k) {
+        k = calloc(1, sizeof(Kept));
+        if (!k || pthread_setspecific(kept_key, k)) {
+            free(k);
+            return NULL;
+        }
+    }
+    if (size > k->size) {
+        free(k->mem);
+        k->mem = aligned_alloc(64, size);
+        k->size = k->mem ? size : 0;
+    }
+    return k->mem;
+}
+
+/* Gives back what `scratch` lent. */
+static void unscratch(char *mem, size_t size) {
+    if (size > KEPT_MAX) free(mem);
+}
+
 /* 16 bfloat16 values as float32 (exactly). */
 static inline __m512 widened(__m256i h) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
@@ -178,6 +225,50 @@ void vp_add_norm_bf16(const uint16_t *a, const uint16_t *b, int64_t rows, int64_
 }
 
 enum { TILE_ROWS = 16, TILE_K = 32 };
+
+/* 2^t for t <= 0 (a softmax's shifted scores, in base 2), to about 2e-7 relative: 2^n 2^f,
+   |f| <= 1/2, 2^f by its Taylor series to f^6. Its values are rounded to bfloat16 before they
+   are used (or summed in float32), so libmvec's exactness buys nothing here: with its expf,
+   the corpus's attention took 61-66 ms against 57-61. */
+static inline __m512 exp2_neg(__m512 t) {
+    t = _mm512_max_ps(t, _mm512_set1_ps(-126.0f));
+    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(t, n);
+    __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* r[0..15] (16 x 16 32-bit values) transposed in place. */
+static inline void transpose16(__m512i r[16]) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    /* u[4i + c]'s 128-bit lane l: rows 4i..4i+3 of column 4l + c. */
+    for (int c = 0; c < 4; c++) {
+        __m512i x0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88);
+        __m512i x1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xdd);
+        __m512i x2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88);
+        __m512i x3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xdd);
+        r[c] = _mm512_shuffle_i32x4(x0, x2, 0x88);
+        r[4 + c] = _mm512_shuffle_i32x4(x1, x3, 0x88);
+        r[8 + c] = _mm512_shuffle_i32x4(x0, x2, 0xdd);
+        r[12 + c] = _mm512_shuffle_i32x4(x1, x3, 0xdd);
+    }
+}
 
 /* Compilers from before AMX (GCC 10, clang 11) still build the float32 kernel. */
 #if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)
@@ -264,24 +355,6 @@ int vp_amx_ready(void) {
    rounded to bfloat16 for the product with V, their float32 sum dividing the result), P V as
    tile sums again; the result rounded to bfloat16. q, k and v hold `len` rows `stride` values
    apart, `dim` (32 or 64) values each; the scratch `w` is laid out by `attention_bf16`. */
-/* 2^t for t <= 0 (a softmax's shifted scores, in base 2), to about 2e-7 relative: 2^n 2^f,
-   |f| <= 1/2, 2^f by its Taylor series to f^6. Its values are rounded to bfloat16 before they
-   are used (or summed in float32), so libmvec's exactness buys nothing here: with its expf,
-   the corpus's attention took 61-66 ms against 57-61. */
-AMX static inline __m512 exp2_neg(__m512 t) {
-    t = _mm512_max_ps(t, _mm512_set1_ps(-126.0f));
-    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
-
 /* e into p[j..j+16) rounded to bfloat16, and where `lo` is given what that rounding left off
    into lo[j..j+16), rounded again: p + lo holds e to about 2^-17. */
 AMX static inline void store_p(uint16_t *p, uint16_t *lo, int64_t j, __m512 e) {
@@ -345,32 +418,6 @@ AMX static inline float softmax_row(float *s, const float *add, float scale, int
    one; its exponentials rounded to bfloat16 for the product with V, or split in two bfloat16
    parts where asked, their float32 sum dividing the result), P V as tile sums again, the result
    rounded to bfloat16. `dim` is 32 or 64; a sequence's keys are padded to a multiple of 32. */
-
-/* r[0..15] (16 x 16 uint32) transposed in place. */
-static inline void transpose16(__m512i r[16]) {
-    __m512i t[16], u[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    /* u[4i + c]'s 128-bit lane l: rows 4i..4i+3 of column 4l + c. */
-    for (int c = 0; c < 4; c++) {
-        __m512i x0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88);
-        __m512i x1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xdd);
-        __m512i x2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88);
-        __m512i x3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xdd);
-        r[c] = _mm512_shuffle_i32x4(x0, x2, 0x88);
-        r[4 + c] = _mm512_shuffle_i32x4(x1, x3, 0x88);
-        r[8 + c] = _mm512_shuffle_i32x4(x0, x2, 0xdd);
-        r[12 + c] = _mm512_shuffle_i32x4(x1, x3, 0xdd);
-    }
-}
 
 /* A sequence's Q, K and V, `keys` rows (its length rounded up to 32, the rows past it zero),
    per head h at h * keys * dim values in each of: qp [keys][dim], A tiles' rows; kt
@@ -541,7 +588,7 @@ AMX int vp_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *
     /* Q, K and V packed, then each thread's scores, exponentials and P V. */
     size_t packed = ((size_t)at[seqs] * hidden * 2 * 3 + 63) / 64 * 64;
     size_t own = ((size_t)(2 * 4 + 2 * 2) * 16 * longest + 4 * 16 * dim + 63) / 64 * 64;
-    char *mem = aligned_alloc(64, packed + own * threads);
+    char *mem = scratch(packed + own * threads);
     if (!mem) {
         free(at);
         return -1;
@@ -571,7 +618,7 @@ AMX int vp_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *
         }
         tiles_off();
     }
-    free(mem);
+    unscratch(mem, packed + own * threads);
     free(at);
     return 0;
 }
@@ -679,6 +726,224 @@ static void attention(const float *qkv, const int32_t *cu, int64_t seqs, int64_t
             }
         }
     }
+}
+
+/* float32 attention over a longer pass's sequences, called from torch (cpu_kernels.py says why):
+   every score, exponential and output value computed as `attention` above computes them (the
+   same FMA chains in the same order, the same exp), so a token's values are the short kernel's,
+   whatever else its pass holds; the work blocked for the vector units instead of one query at
+   a time. A sequence's Q, K and V are laid out per head first (`pack_f32`), reading the rows
+   whole, then the (sequence, head) pairs go to the threads as they come free. */
+
+/* A sequence's `len` rows laid out per head, `keys` (len rounded up to 16) rows each, the rows
+   past len zero: qp and vp [keys][dim], kt [keys / 16][dim][16] (K^T in blocks of 16 keys). */
+static void pack_f32(const float *q, const float *k, const float *v, const int64_t stride[3],
+                     int64_t len, int64_t keys, int64_t heads, int64_t dim, float *qp, float *kt,
+                     float *vp) {
+    int64_t hidden = heads * dim, per_head = keys * dim;
+    for (int64_t j0 = 0; j0 < keys; j0 += 16) {
+        for (int64_t j = j0; j < j0 + 16; j++)
+            for (int64_t c = 0; c < hidden; c += 16) {
+                int64_t at = c / dim * per_head + j * dim + c % dim;
+                _mm512_storeu_ps(qp + at, j < len ? _mm512_loadu_ps(q + j * stride[0] + c)
+                                                  : _mm512_setzero_ps());
+                _mm512_storeu_ps(vp + at, j < len ? _mm512_loadu_ps(v + j * stride[2] + c)
+                                                  : _mm512_setzero_ps());
+            }
+        for (int64_t c = 0; c < hidden; c += 16) {
+            __m512i r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = j0 + i < len ? _mm512_loadu_si512(k + (j0 + i) * stride[1] + c)
+                                    : _mm512_setzero_si512();
+            transpose16(r);
+            float *to = kt + c / dim * per_head + j0 * dim + c % dim * 16;
+            for (int i = 0; i < 16; i++) _mm512_storeu_si512(to + 16 * i, r[i]);
+        }
+    }
+}
+
+/* Scores of 4 queries (q, `dim` apart) against nv blocks of 16 keys (kt, laid out by pack_f32)
+   into s (rows `ld` apart), unscaled. */
+static inline __attribute__((always_inline)) void scores_f32(const float *q, const float *kt,
+                                                             int64_t dim, const int nv, float *s,
+                                                             int64_t ld) {
+    __m512 acc[4][4];
+    for (int r = 0; r < 4; r++)
+        for (int n = 0; n < nv; n++) acc[r][n] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < dim; d++) {
+        __m512 kv[4];
+        for (int n = 0; n < nv; n++) kv[n] = _mm512_loadu_ps(kt + n * dim * 16 + d * 16);
+        for (int r = 0; r < 4; r++) {
+            __m512 qb = _mm512_set1_ps(q[r * dim + d]);
+            for (int n = 0; n < nv; n++) acc[r][n] = _mm512_fmadd_ps(qb, kv[n], acc[r][n]);
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        for (int n = 0; n < nv; n++) _mm512_storeu_ps(s + r * ld + n * 16, acc[r][n]);
+}
+
+/* o[r] = inv[r] (sum over j < len of p[r][j] v[j]) over nv vectors of v's rows (`ld_v`
+   apart), for `rows` queries (p `ld` apart), each value one FMA chain over j in order; the
+   first `valid` rows written to out (`ld_out` apart). */
+static inline __attribute__((always_inline)) void values_f32(const float *p, int64_t ld,
+                                                             const float *v, int64_t ld_v,
+                                                             int64_t len, const int rows,
+                                                             const int nv, int valid,
+                                                             const float *inv, float *out,
+                                                             int64_t ld_out) {
+    __m512 acc[16];
+    for (int i = 0; i < rows * nv; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < len; j++) {
+        __m512 vv[2];
+        for (int n = 0; n < nv; n++) vv[n] = _mm512_loadu_ps(v + j * ld_v + n * 16);
+        for (int r = 0; r < rows; r++) {
+            __m512 pb = _mm512_set1_ps(p[r * ld + j]);
+            for (int n = 0; n < nv; n++)
+                acc[r * nv + n] = _mm512_fmadd_ps(pb, vv[n], acc[r * nv + n]);
+        }
+    }
+    for (int r = 0; r < rows && r < valid; r++) {
+        __m512 f = _mm512_set1_ps(inv[r]);
+        for (int n = 0; n < nv; n++)
+            _mm512_storeu_ps(out + r * ld_out + n * 16, _mm512_mul_ps(acc[r * nv + n], f));
+    }
+}
+
+/* A row of scores s[0..len) (Q K^T, then scaled and their bias `add` added where there is
+   one) into e^(x - max x) in s[0..keys), zero past len; returns their sum. As `softmax_row`
+   (below) for the bfloat16 attention, in base 2, but with the exponentials kept in float32: the
+   argument's rounding (x log2 e less the row's shift) moves each exponential by about 1e-7 of
+   the row's largest, as float32's own rounding of it does. */
+static inline float softmax_f32(float *s, const float *add, float scale, int64_t len,
+                                int64_t keys) {
+    const float log2e = 1.44269504088896341f;
+    float c = scale * log2e;
+    if (add) {
+        for (int64_t j = 0; j < len; j += 16) {
+            __mmask16 m = lanes(len - j);
+            __m512 x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, s + j), _mm512_set1_ps(scale),
+                                       _mm512_maskz_loadu_ps(m, add + j));
+            _mm512_mask_storeu_ps(s + j, m, x);
+        }
+        c = log2e;
+    }
+    const __m512 low = _mm512_set1_ps(-INFINITY), cv = _mm512_set1_ps(c);
+    int64_t full = len / 16 * 16, j = 0;
+    __mmask16 tail = lanes(len - full);
+    __m512 m0 = low, m1 = low;
+    for (; j + 32 <= full; j += 32) {
+        m0 = _mm512_max_ps(m0, _mm512_loadu_ps(s + j));
+        m1 = _mm512_max_ps(m1, _mm512_loadu_ps(s + j + 16));
+    }
+    if (j < full) m0 = _mm512_max_ps(m0, _mm512_loadu_ps(s + j));
+    if (tail) m1 = _mm512_max_ps(m1, _mm512_mask_loadu_ps(low, tail, s + full));
+    __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(_mm512_max_ps(m0, m1)) * c);
+    __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
+    for (j = 0; j + 32 <= full; j += 32) {
+        __m512 e0 = exp2_neg(_mm512_fmsub_ps(_mm512_loadu_ps(s + j), cv, shift));
+        __m512 e1 = exp2_neg(_mm512_fmsub_ps(_mm512_loadu_ps(s + j + 16), cv, shift));
+        sum0 = _mm512_add_ps(sum0, e0);
+        sum1 = _mm512_add_ps(sum1, e1);
+        _mm512_storeu_ps(s + j, e0);
+        _mm512_storeu_ps(s + j + 16, e1);
+    }
+    for (; j < keys; j += 16) {
+        __mmask16 m = lanes(len - j);
+        __m512 e = _mm512_maskz_mov_ps(
+            m, exp2_neg(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(m, s + j), cv, shift)));
+        sum0 = _mm512_add_ps(sum0, e);
+        _mm512_storeu_ps(s + j, e);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
+}
+
+/* One head of one sequence, 16 queries at a time; `s` [16][keys]. */
+static inline __attribute__((always_inline)) void attend_f32(
+    const float *q, const float *kt, const float *v, int64_t len, int64_t keys, const int nv,
+    float scale, const float *bias, int64_t span, float *out, int64_t ld_out, float *s) {
+    const int64_t dim = nv * 16, blocks = keys / 16;
+    /* P V 8 queries by 32 of V's columns at a time (16 by 16 for heads of 16): each load of V
+       serves 8 queries (with 64-wide rows, 4 queries by 64 columns read V from L2 twice as
+       often). */
+    const int cols = nv < 2 ? nv : 2, rows = 16 / cols;
+    for (int64_t i0 = 0; i0 < len; i0 += 16) {
+        for (int64_t b = 0; b < blocks; b += 4) {
+            const float *kb = kt + b * 16 * dim;
+            for (int r = 0; r < 16; r += 4) {
+                const float *qr = q + (i0 + r) * dim;
+                float *sr = s + r * keys + b * 16;
+                switch (blocks - b) {
+                    case 1: scores_f32(qr, kb, dim, 1, sr, keys); break;
+                    case 2: scores_f32(qr, kb, dim, 2, sr, keys); break;
+                    case 3: scores_f32(qr, kb, dim, 3, sr, keys); break;
+                    default: scores_f32(qr, kb, dim, 4, sr, keys);
+                }
+            }
+        }
+        int valid = len - i0 < 16 ? (int)(len - i0) : 16;
+        float inv[16];
+        for (int r = 0; r < valid; r++)
+            inv[r] = 1.0f / softmax_f32(s + r * keys, bias ? bias + (i0 + r) * span : 0, scale,
+                                        len, keys);
+        for (int r = valid; r < 16; r++) memset(s + r * keys, 0, 4 * keys);
+        for (int r = 0; r < valid; r += rows)
+            for (int64_t c = 0; c < dim; c += cols * 16)
+                values_f32(s + r * keys, keys, v + c, dim, len, rows, cols, valid - r, inv + r,
+                           out + (i0 + r) * ld_out + c, ld_out);
+    }
+}
+
+/* Attention within each of `seqs` sequences (bounds in `cu`) of packed float32 rows: q, k and
+   v [rows][heads][dim], stride[0], stride[1] and stride[2] values from one row to the next,
+   out [rows][heads][dim] contiguous; `dim` 16, 32, 64 or 128. `bias` (or NULL) as in
+   `vp_attention_bf16`. Returns 0, or -1 where it could not allocate its scratch. */
+int vp_attention_f32(const float *q, const float *k, const float *v, const int64_t stride[3],
+                     const int32_t *cu, int64_t seqs, int64_t heads, int64_t dim, float scale,
+                     const float *bias, int64_t span, float *out, int threads) {
+    int64_t longest = 0, *at = malloc(sizeof(int64_t) * (seqs + 1));
+    if (!at) return -1;
+    at[0] = 0;
+    for (int64_t s = 0; s < seqs; s++) {
+        int64_t keys = (cu[s + 1] - cu[s] + 15) / 16 * 16;
+        at[s + 1] = at[s] + keys;
+        if (keys > longest) longest = keys;
+    }
+    int64_t hidden = heads * dim;
+    size_t packed = ((size_t)at[seqs] * hidden * 4 * 3 + 63) / 64 * 64;
+    size_t own = ((size_t)4 * 16 * longest + 63) / 64 * 64;
+    char *mem = scratch(packed + own * threads);
+    if (!mem) {
+        free(at);
+        return -1;
+    }
+    float *qp = (float *)mem, *kt = qp + at[seqs] * hidden, *vp = kt + at[seqs] * hidden;
+#pragma omp parallel num_threads(threads)
+    {
+        float *s = (float *)(mem + packed + own * omp_get_thread_num());
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < seqs; i++) {
+            int64_t start = cu[i];
+            pack_f32(q + start * stride[0], k + start * stride[1], v + start * stride[2], stride,
+                     cu[i + 1] - start, at[i + 1] - at[i], heads, dim, qp + at[i] * hidden,
+                     kt + at[i] * hidden, vp + at[i] * hidden);
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < seqs * heads; task++) {
+            int64_t i = task / heads, h = task % heads, keys = at[i + 1] - at[i];
+            int64_t base = at[i] * hidden + h * keys * dim, len = cu[i + 1] - cu[i];
+            const float *b = bias ? bias + h * span * span : 0;
+            float *o = out + (cu[i] * heads + h) * dim;
+            switch (dim) {
+                case 16: attend_f32(qp + base, kt + base, vp + base, len, keys, 1, scale, b, span, o, hidden, s); break;
+                case 32: attend_f32(qp + base, kt + base, vp + base, len, keys, 2, scale, b, span, o, hidden, s); break;
+                case 64: attend_f32(qp + base, kt + base, vp + base, len, keys, 4, scale, b, span, o, hidden, s); break;
+                default: attend_f32(qp + base, kt + base, vp + base, len, keys, 8, scale, b, span, o, hidden, s);
+            }
+        }
+    }
+    unscratch(mem, packed + own * threads);
+    free(at);
+    return 0;
 }
 
 static void layer_norm(const float *in, int64_t rows, int64_t n, const float *w, const float *b,

@@ -32,7 +32,8 @@ the model gives 0.9999: its outlier dimension follows the model's roundings. Els
 bfloat16 weights run on the float32 path (the same values, nothing rounded; mpnet's lowest
 0.99920, that text 0.99966).
 
-The same library holds the ops a bfloat16 model's longer passes call (`bf16_kernels.py`).
+The same library holds the ops longer float32 and bfloat16 passes call (`f32_kernels.py`,
+`bf16_kernels.py`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,86 @@
+"""Compiled ops for a float32 model's longer CPU passes (`cpu_kernels.py`), from the short-pass
+kernel's library (`short_kernel.c`): attention, on any AVX-512 CPU.
+
+ATen's flash kernel ran all-MiniLM-L6-v2's float32 attention at about 28% of the GEMM ceiling
+(the corpus's 600 texts in batches of 32, one layer's grouped calls: 150-160 ms, 98-107
+GFLOP/s, the AMX Xeon), and it took 16-17% of the pass. The kernel (`kernel_attention.py`) lays
+each sequence out per head (Q and V rows, K transposed in blocks of 16 keys), then scores 4
+queries against 64 keys a step in registers (each score one FMA chain over the head's
+dimensions), takes each query's softmax over its whole row in float32 (base-2 exponentials to
+about 2e-7, shifted by the row's largest; the sum's inverse scaling the result) and multiplies P
+by V 8 queries by 32 columns a step. The same layer: 91-98 ms (12 heads of 32), 170-190 against
+250-258 ms (12 heads of 64); the whole pass 11,500-11,940 tokens/s against 10,580-10,720
+(1.10-1.13x), its vectors within 1.4e-6 of torch's. By length (equal-length batches, 12 heads):
+heads of 32 1.2-1.8x from 60 tokens, level from 10 to 33, 0.76-0.88x at 64 texts of 16 tokens;
+heads of 64 alike. all-mpnet-base-v2 (heads of 64, its attention a smaller share) 1.02x.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from pathlib import Path
+
+import torch
+
+from vectorpress.backends.torch.cpu_kernels import NONE, CpuKernels
+from vectorpress.backends.torch.kernel_attention import ARGTYPES, KernelAttention, Layout, strides
+from vectorpress.backends.torch.short_kernel import load_library
+
+log = logging.getLogger(__name__)
+
+
+class FloatAttention(KernelAttention):
+    """float32 attention on the vector units (see the module's docstring)."""
+
+    dtype = torch.float32
+    head_dims = (16, 32, 64, 128)
+    key_block = 16
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        super().__init__(lib)
+        lib.vp_attention_f32.restype = ctypes.c_int
+        lib.vp_attention_f32.argtypes = [
+            *ARGTYPES,
+            ctypes.c_void_p,  # out
+            ctypes.c_int,  # threads
+        ]
+
+    def _launch(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layout: Layout,
+        scale: float,
+        table: torch.Tensor | None,
+        out: torch.Tensor,
+    ) -> int:
+        failed: int = self.lib.vp_attention_f32(
+            q.data_ptr(),
+            k.data_ptr(),
+            v.data_ptr(),
+            strides(q, k, v),
+            layout.cu.data_ptr(),
+            layout.count,
+            q.shape[1],
+            q.shape[2],
+            scale,
+            None if table is None else table.data_ptr(),
+            layout.longest,
+            out.data_ptr(),
+            torch.get_num_threads(),
+        )
+        return failed
+
+
+def f32_kernels(dtype: torch.dtype, cache_dir: Path) -> CpuKernels:
+    """The kernels for a float32 model's CPU passes: none for another dtype, or where the
+    kernel does not build (no AVX-512, no compiler)."""
+    if dtype != torch.float32:
+        return NONE
+    lib = load_library(cache_dir)
+    if lib is None:
+        return NONE
+    log.info("float32 passes: attention on the compiled kernel where it fits")
+    return CpuKernels(attention=FloatAttention(lib))

@@ -1,0 +1,159 @@
+"""Attention over a whole packed pass in one call to the compiled kernel's library
+(`short_kernel.c`): what the float32 (`f32_kernels.py`) and the bfloat16 (`bf16_kernels.py`)
+attentions share. Each lays every sequence's queries, keys and values out for its blocks (the
+keys padded to whole blocks), then hands the (sequence, head) pairs to the threads as they come
+free: no length groups, no gathers, no padding to a common length.
+
+It fits attention without a window, a causal mask or held-out keys, with as many key heads as
+query heads, contiguous per head: BERT's, RoBERTa's, XLM-R's, DistilBERT's, and MPNet's with its
+relative position bias (in float32, each sequence reading the longest one's top-left corner).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from vectorpress.backends.common.sequences import PackedSequences
+from vectorpress.backends.torch.attention import ScoreBias
+
+# A pass of many very short texts lays out several times its rows (each sequence in whole key
+# blocks), and pays a task per text and head: measured on the AMX Xeon (12 heads, grouped calls
+# against the bfloat16 kernel, blocks of 32 keys), 1,300 texts of 3 tokens ran 3.5x (heads of
+# 32) and 5.5x (64) slower on the kernel, 400 of 10 tokens 1.14x faster and 2.6x slower, 68 of
+# 60 tokens 2.2x and 1.7x faster; the float32 kernel (blocks of 16) 1,300 of 3 tokens 4.8x /
+# 12x slower, 400 of 10 1.10x / 3.1x faster. The corpus's batches lay out about 1.2x their rows.
+# Such passes go to the grouped calls.
+MAX_LAYOUT_OVER_ROWS = 2
+MAX_LAYOUT_WITHOUT_CHECK = 2048
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A pass's real sequences as the kernel takes them."""
+
+    cu: torch.Tensor
+    """Their bounds, int32 (the filler rows left out)."""
+    count: int
+    longest: int
+
+
+class KernelAttention(ABC):
+    """`(q, k, v, seqs, scale, bias)` -> the attention of `(total_tokens, heads, dim)` rows
+    within each sequence, or None where the call does not fit (see the module's docstring)."""
+
+    dtype: torch.dtype
+    head_dims: tuple[int, ...]
+    key_block: int
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.lib = lib
+        # The last pass's layout (`_layout`), kept with the pass's sequences it is for.
+        self._last: tuple[PackedSequences, Layout | None] | None = None
+
+    def _layout(self, seqs: PackedSequences) -> Layout | None:
+        """The pass's real sequences, or None for a pass of many very short texts
+        (`MAX_LAYOUT_OVER_ROWS`); the same for every layer of a pass, so worked out on its
+        first."""
+        if self._last is not None and self._last[0] is seqs:
+            return self._last[1]
+        # The filler rows of a padded pass are a sequence of their own, last: zeros.
+        count = seqs.size - (1 if seqs.filler else 0)
+        cu = seqs.cu_seqlens[: count + 1].to(torch.int32)
+        block = self.key_block
+        laid_out = int(((cu[1:] - cu[:-1] + block - 1) // block).sum()) * block
+        rows = seqs.total - seqs.filler
+        fits = laid_out <= max(MAX_LAYOUT_WITHOUT_CHECK, MAX_LAYOUT_OVER_ROWS * rows)
+        layout = Layout(cu, count, max(seqs.lengths[:count], default=0)) if fits else None
+        self._last = (seqs, layout)
+        return layout
+
+    def fits(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: PackedSequences
+    ) -> bool:
+        dim = q.shape[-1]
+        return (
+            seqs.key_lengths is None
+            and q.shape == k.shape == v.shape
+            and dim in self.head_dims
+            and all(
+                t.dtype == self.dtype
+                and t.device.type == "cpu"
+                and t.stride(2) == 1
+                and t.stride(1) == dim
+                for t in (q, k, v)
+            )
+        )
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        seqs: PackedSequences,
+        scale: float | None = None,
+        bias: ScoreBias | None = None,
+    ) -> torch.Tensor | None:
+        if not self.fits(q, k, v, seqs):
+            return None
+        layout = self._layout(seqs)
+        if layout is None:
+            return None
+        total, dim = q.shape[0], q.shape[2]
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        if seqs.filler:
+            out[total - seqs.filler :] = 0
+        # MPNet's bias depends on j - i only: each sequence reads the top-left corner of the
+        # longest one's, in float32.
+        span = layout.longest
+        table = None if bias is None or not span else bias(span, torch.float32).contiguous()
+        with torch.profiler.record_function("vp_attention"):
+            failed = self._launch(
+                q,
+                k,
+                v,
+                layout,
+                1.0 / math.sqrt(dim) if scale is None else scale,
+                table,
+                out,
+            )
+        return None if failed else out
+
+    @abstractmethod
+    def _launch(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layout: Layout,
+        scale: float,
+        table: torch.Tensor | None,
+        out: torch.Tensor,
+    ) -> int:
+        """Runs the kernel; nonzero where it could not (no memory for its layout)."""
+
+
+def strides(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> ctypes.Array[ctypes.c_int64]:
+    """The rows' strides, as the kernels take them."""
+    return (ctypes.c_int64 * 3)(q.stride(0), k.stride(0), v.stride(0))
+
+
+# The arguments the kernels (`vp_attention_bf16`, `vp_attention_f32`) share, their first.
+ARGTYPES: list[type[ctypes._SimpleCData[Any]]] = [
+    ctypes.c_void_p,  # q
+    ctypes.c_void_p,  # k
+    ctypes.c_void_p,  # v
+    ctypes.c_void_p,  # stride[3]
+    ctypes.c_void_p,  # cu
+    ctypes.c_int64,  # seqs
+    ctypes.c_int64,  # heads
+    ctypes.c_int64,  # dim
+    ctypes.c_float,  # scale
+    ctypes.c_void_p,  # bias (float32) or NULL
+    ctypes.c_int64,  # span
+]

@@ -21,7 +21,8 @@ from tests.helpers.reference import assert_close_vectors
 from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.backends.torch.attention import packed_attention
 from vectorpress.backends.torch.backend import TorchBackend
-from vectorpress.backends.torch.bf16_kernels import AddNorm, AmxAttention, bf16_kernels
+from vectorpress.backends.torch.bf16_kernels import AmxAttention, bf16_kernels
+from vectorpress.backends.torch.compiled_ops import AddNorm
 from vectorpress.backends.torch.cpu_kernels import NONE, CpuKernels, add_norm, cpu_kernels
 from vectorpress.cpus import cpu_flags
 from vectorpress.model_spec import load_model_spec

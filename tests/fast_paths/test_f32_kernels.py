@@ -1,8 +1,9 @@
-"""The compiled attention of a float32 model's CPU passes (backends/torch/f32_kernels.py) against
-one explicit softmax per sequence in float64, held to the error torch's own float32 attention
-makes there, on every layout the layers hand it; a sequence's values independent of its pass;
-filler rows; the calls it leaves to the grouped path; a pass whose layout is too large to keep;
-and a float32 backend that takes it and keeps its vectors."""
+"""The compiled ops of a float32 model's CPU passes (backends/torch/f32_kernels.py): attention
+against one explicit softmax per sequence in float64, held to the error torch's own float32
+attention makes there, on every layout the layers hand it; a sequence's values independent of
+its pass; filler rows; the calls it leaves to the grouped path; a pass whose layout is too large
+to keep; the residual add and LayerNorm against torch's; and a float32 backend that takes them
+and keeps its vectors."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from bench.corpus import corpus
+from torch import nn
 
 from tests.helpers.attention import packed, reference_attention, relative_bias
 from tests.helpers.batches import pooled, tokenized_batches
@@ -20,7 +22,8 @@ from tests.helpers.reference import assert_close_vectors
 from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.backends.torch.attention import ScoreBias, packed_attention
 from vectorpress.backends.torch.backend import TorchBackend
-from vectorpress.backends.torch.cpu_kernels import NONE, CpuKernels, cpu_kernels
+from vectorpress.backends.torch.compiled_ops import AddNorm
+from vectorpress.backends.torch.cpu_kernels import NONE, CpuKernels, add_norm, cpu_kernels
 from vectorpress.backends.torch.f32_kernels import FloatAttention, f32_kernels
 from vectorpress.model_spec import load_model_spec
 from vectorpress.settings import ModelSettings
@@ -33,10 +36,13 @@ HEADS = 3
 
 
 @pytest.fixture(scope="module")
-def kernel(tmp_path_factory: pytest.TempPathFactory) -> FloatAttention:
-    kernels = f32_kernels(torch.float32, tmp_path_factory.mktemp("kernels"))
+def kernels(tmp_path_factory: pytest.TempPathFactory) -> CpuKernels:
+    return f32_kernels(torch.float32, tmp_path_factory.mktemp("kernels"))
+
+
+@pytest.fixture(scope="module")
+def kernel(kernels: CpuKernels) -> FloatAttention:
     assert isinstance(kernels.attention, FloatAttention)
-    assert kernels.add_norm is None
     return kernels.attention
 
 
@@ -163,16 +169,60 @@ def test_calls_it_does_not_fit_take_the_grouped_path(kernel: FloatAttention) -> 
         assert torch.equal(packed_attention(q, k, v, seqs), on_kernel)
 
 
-def test_a_float32_backend_takes_it_and_keeps_its_vectors(minilm: Path) -> None:
+def _layer_norm(n: int, seed: int = 0) -> nn.LayerNorm:
+    gen = torch.Generator().manual_seed(seed)
+    norm = nn.LayerNorm(n, eps=1e-12)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.2 * torch.randn(n, generator=gen))
+        norm.bias.copy_(0.1 * torch.randn(n, generator=gen))
+    return norm
+
+
+@pytest.mark.parametrize("n", [384, 100])
+def test_the_residual_step_gives_torchs_values(kernels: CpuKernels, n: int) -> None:
+    assert isinstance(kernels.add_norm, AddNorm)
+    gen = torch.Generator().manual_seed(1)
+    a = 3 * torch.randn(300, n, generator=gen)
+    b = 3 * torch.randn(300, n, generator=gen)
+    norm = _layer_norm(n)
+    with torch.inference_mode():
+        got = kernels.add_norm(a.clone(), b, norm)
+        want = norm(a.clone().add_(b))
+    assert got is not None and got.dtype == torch.float32
+    # LayerNorm's moments summed in another order: a few float32 steps at most.
+    torch.testing.assert_close(got, want, rtol=0, atol=4e-6)
+
+
+def test_residual_steps_it_does_not_fit_take_torchs(kernels: CpuKernels) -> None:
+    a = torch.randn(8, 64)
+    b = torch.randn(8, 64)
+    norm = _layer_norm(64)
+    cases = {
+        "bfloat16": (a.bfloat16(), b.bfloat16(), norm.bfloat16()),
+        "no bias": (a, b, nn.LayerNorm(64, bias=False)),
+        "not a LayerNorm": (a, b, nn.Identity()),
+        "strided": (a.t().contiguous().t(), b, _layer_norm(64)),
+    }
+    assert kernels.add_norm is not None
+    with torch.inference_mode():
+        for name, (x, y, layer) in cases.items():
+            assert kernels.add_norm(x.clone(), y, layer) is None, name
+            with cpu_kernels(kernels):
+                got = add_norm(x.clone(), y, layer)
+            assert torch.equal(got, layer(x.clone().add_(y))), name
+
+
+def test_a_float32_backend_takes_them_and_keeps_its_vectors(minilm: Path) -> None:
     spec = load_model_spec(minilm, ModelSettings(str(minilm)))
     backend = TorchBackend(spec, "cpu", "float32")
     kernels = backend.passes.kernels
-    assert isinstance(kernels.attention, FloatAttention) and kernels.add_norm is None
+    assert isinstance(kernels.attention, FloatAttention)
+    assert isinstance(kernels.add_norm, AddNorm)
     # Longer than the short passes, which run on the short-pass kernel or natively.
     batches = tokenized_batches(minilm, corpus(200, seed=1)[::4], 16)
     on_kernel = pooled(backend, batches)
     backend.passes.kernels = NONE
     native = pooled(backend, batches)
-    assert not np.array_equal(on_kernel, native), "the kernel never ran"
-    assert_close_vectors(on_kernel, native, min_cos=0.999999, what="kernel vs torch's ops")
+    assert not np.array_equal(on_kernel, native), "the kernels never ran"
+    assert_close_vectors(on_kernel, native, min_cos=0.999999, what="kernels vs torch's ops")
     assert np.abs(on_kernel - native).max() < 1e-5

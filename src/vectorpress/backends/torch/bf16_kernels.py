@@ -20,7 +20,7 @@ to 1,000 tokens, 2.3-2.7x for one short text; heads of 64: 1.2-1.7x from 64 toke
 step below): 45,300-46,300 tokens/s against 32,800-33,700, at the same lowest cosine to float32
 (0.99989).
 
-It fits the calls `kernel_attention.py` says, with heads of 32 or 64 dimensions. MPNet's relative
+It fits the calls `compiled_ops.py` says, with heads of 32 or 64 dimensions. MPNet's relative
 position bias stays float32, added to the float32 scores (torch's bfloat16
 path widens MPNet's attention to float32 for its accuracy, casts included), and P goes to the
 tiles in two bfloat16 parts, its rounding and what the rounding left off, which keeps P to about
@@ -39,14 +39,18 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import weakref
 from pathlib import Path
 
 import torch
-from torch import nn
 
+from vectorpress.backends.torch.compiled_ops import (
+    ARGTYPES,
+    AddNorm,
+    KernelAttention,
+    Layout,
+    strides,
+)
 from vectorpress.backends.torch.cpu_kernels import NONE, CpuKernels
-from vectorpress.backends.torch.kernel_attention import ARGTYPES, KernelAttention, Layout, strides
 from vectorpress.backends.torch.short_kernel import amx_ready, load_library
 
 log = logging.getLogger(__name__)
@@ -99,63 +103,6 @@ class AmxAttention(KernelAttention):
         return failed
 
 
-class AddNorm:
-    """`norm(a + b)` over `a`'s rows for a bfloat16 LayerNorm with weight and bias, or None where
-    the call does not fit (see the module's docstring)."""
-
-    def __init__(self, lib: ctypes.CDLL) -> None:
-        self.lib = lib
-        lib.vp_add_norm_bf16.restype = None
-        lib.vp_add_norm_bf16.argtypes = [
-            ctypes.c_void_p,  # a
-            ctypes.c_void_p,  # b
-            ctypes.c_int64,  # rows
-            ctypes.c_int64,  # n
-            ctypes.c_void_p,  # weight (float32)
-            ctypes.c_void_p,  # bias (float32)
-            ctypes.c_float,  # eps
-            ctypes.c_void_p,  # out
-            ctypes.c_int,  # threads
-        ]
-        # Each LayerNorm's weight and bias in float32, made on its first call.
-        self.widened: weakref.WeakKeyDictionary[nn.Module, tuple[torch.Tensor, torch.Tensor]] = (
-            weakref.WeakKeyDictionary()
-        )
-
-    def __call__(self, a: torch.Tensor, b: torch.Tensor, norm: nn.Module) -> torch.Tensor | None:
-        if not (
-            isinstance(norm, nn.LayerNorm)
-            and norm.weight is not None
-            and norm.bias is not None
-            and a.dim() == 2
-            and a.shape == b.shape
-            and norm.normalized_shape == (a.shape[1],)
-            and a.dtype == b.dtype == torch.bfloat16
-            and a.device.type == b.device.type == "cpu"
-            and a.is_contiguous()
-            and b.is_contiguous()
-        ):
-            return None
-        params = self.widened.get(norm)
-        if params is None:
-            params = (norm.weight.detach().float(), norm.bias.detach().float())
-            self.widened[norm] = params
-        weight, bias = params
-        with torch.profiler.record_function("vp_add_norm"):
-            self.lib.vp_add_norm_bf16(
-                a.data_ptr(),
-                b.data_ptr(),
-                a.shape[0],
-                a.shape[1],
-                weight.data_ptr(),
-                bias.data_ptr(),
-                norm.eps,
-                a.data_ptr(),
-                torch.get_num_threads(),
-            )
-        return a
-
-
 def bf16_kernels(dtype: torch.dtype, cache_dir: Path) -> CpuKernels:
     """The kernels for a bfloat16 model's CPU passes: none for another dtype, or where the kernel
     does not build (no AVX-512, no compiler); attention only where the CPU has AMX."""
@@ -169,4 +116,4 @@ def bf16_kernels(dtype: torch.dtype, cache_dir: Path) -> CpuKernels:
         "bfloat16 passes: the residual adds and LayerNorms on the compiled kernel, attention %s",
         "on AMX's tiles where it fits" if attention else "on torch's (this CPU has no AMX)",
     )
-    return CpuKernels(attention=attention, add_norm=AddNorm(lib))
+    return CpuKernels(attention=attention, add_norm=AddNorm(lib, torch.bfloat16))

@@ -1,18 +1,24 @@
 """Compiled ops for a float32 model's longer CPU passes (`cpu_kernels.py`), from the short-pass
-kernel's library (`short_kernel.c`): attention, on any AVX-512 CPU.
+kernel's library (`short_kernel.c`), on any AVX-512 CPU: attention, and the post-LayerNorm
+layers' residual add and LayerNorm as one op (`compiled_ops.py`).
 
 ATen's flash kernel ran all-MiniLM-L6-v2's float32 attention at about 28% of the GEMM ceiling
 (the corpus's 600 texts in batches of 32, one layer's grouped calls: 150-160 ms, 98-107
-GFLOP/s, the AMX Xeon), and it took 16-17% of the pass. The kernel (`kernel_attention.py`) lays
+GFLOP/s, the AMX Xeon), and it took 16-17% of the pass. The kernel (`compiled_ops.py`) lays
 each sequence out per head (Q and V rows, K transposed in blocks of 16 keys), then scores 4
 queries against 64 keys a step in registers (each score one FMA chain over the head's
 dimensions), takes each query's softmax over its whole row in float32 (base-2 exponentials to
 about 2e-7, shifted by the row's largest; the sum's inverse scaling the result) and multiplies P
 by V 8 queries by 32 columns a step. The same layer: 91-98 ms (12 heads of 32), 170-190 against
-250-258 ms (12 heads of 64); the whole pass 11,500-11,940 tokens/s against 10,580-10,720
-(1.10-1.13x), its vectors within 1.4e-6 of torch's. By length (equal-length batches, 12 heads):
-heads of 32 1.2-1.8x from 60 tokens, level from 10 to 33, 0.76-0.88x at 64 texts of 16 tokens;
-heads of 64 alike. all-mpnet-base-v2 (heads of 64, its attention a smaller share) 1.02x.
+250-258 ms (12 heads of 64); the whole pass 1.06-1.13x (alternated rounds, two sessions:
+11,500-11,940 tokens/s against 10,580-10,720), its vectors within 1.4e-6 of torch's. By length
+(equal-length batches, 12 heads, either head size): 1.2-1.8x from 60 tokens, 0.75-1.05x from 16
+to 33, at 400 texts of 10 tokens 1.10x (heads of 32) and 3.1x (64). all-mpnet-base-v2 (heads of
+64, its attention a smaller share of a 768-wide model's pass) 1.02x.
+
+The residual step: 839 us against torch's add and LayerNorm's 1,709 on 3,800 rows of 768
+(mpnet's), 443 against 471 on 2,940 of 384 (MiniLM's), the values a few float32 steps apart at
+most (LayerNorm's moments summed in another order).
 """
 
 from __future__ import annotations
@@ -23,8 +29,14 @@ from pathlib import Path
 
 import torch
 
+from vectorpress.backends.torch.compiled_ops import (
+    ARGTYPES,
+    AddNorm,
+    KernelAttention,
+    Layout,
+    strides,
+)
 from vectorpress.backends.torch.cpu_kernels import NONE, CpuKernels
-from vectorpress.backends.torch.kernel_attention import ARGTYPES, KernelAttention, Layout, strides
 from vectorpress.backends.torch.short_kernel import load_library
 
 log = logging.getLogger(__name__)
@@ -82,5 +94,5 @@ def f32_kernels(dtype: torch.dtype, cache_dir: Path) -> CpuKernels:
     lib = load_library(cache_dir)
     if lib is None:
         return NONE
-    log.info("float32 passes: attention on the compiled kernel where it fits")
-    return CpuKernels(attention=FloatAttention(lib))
+    log.info("float32 passes: attention, the residual adds and LayerNorms on the compiled kernel")
+    return CpuKernels(attention=FloatAttention(lib), add_norm=AddNorm(lib, torch.float32))

@@ -224,12 +224,79 @@ void vp_add_norm_bf16(const uint16_t *a, const uint16_t *b, int64_t rows, int64_
     }
 }
 
+/* out = LayerNorm(a + b) over rows of n float32 values (out may be a): the sum, its mean and
+   variance, (x * rstd - mean * rstd) * w + bias, in float32 as torch's ops compute them (the
+   moments summed in another order). One pass over the rows where the two ops took three. */
+void vp_add_norm_f32(const float *a, const float *b, int64_t rows, int64_t n, const float *w,
+                     const float *bias, float eps, float *out, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        float x[(n + 15) / 16 * 16];
+        const float *ar = a + r * n, *br = b + r * n;
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t i = 0; i < n; i += 16) {
+            __mmask16 m = lanes(n - i);
+            __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, ar + i),
+                                     _mm512_maskz_loadu_ps(m, br + i));
+            _mm512_storeu_ps(x + i, v);
+            acc = _mm512_add_ps(acc, v);
+        }
+        float mean = _mm512_reduce_add_ps(acc) / (float)n;
+        __m512 mu = _mm512_set1_ps(mean);
+        acc = _mm512_setzero_ps();
+        for (int64_t i = 0; i < n; i += 16) {
+            __m512 d = _mm512_maskz_sub_ps(lanes(n - i), _mm512_loadu_ps(x + i), mu);
+            acc = _mm512_fmadd_ps(d, d, acc);
+        }
+        float rstd = 1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)n + eps);
+        __m512 scale = _mm512_set1_ps(rstd), shift = _mm512_set1_ps(-rstd * mean);
+        for (int64_t i = 0; i < n; i += 16) {
+            __mmask16 m = lanes(n - i);
+            __m512 y = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), scale, shift);
+            __m512 g = _mm512_maskz_loadu_ps(m, w + i), c = _mm512_maskz_loadu_ps(m, bias + i);
+            _mm512_mask_storeu_ps(out + r * n + i, m, _mm512_fmadd_ps(y, g, c));
+        }
+    }
+}
+
 enum { TILE_ROWS = 16, TILE_K = 32 };
 
+/* The start of a softmax over a row of scores s[0..len) (Q K^T): the scores scaled and their
+   bias `add` added in place where there is one, the row's largest found (two chains); returns
+   the factor c that takes a score to base 2 (e^x = 2^(x log2 e)), c times the largest in
+   *shift. */
+static inline float row_base2(float *s, const float *add, float scale, int64_t len,
+                              __m512 *shift) {
+    const float log2e = 1.44269504088896341f;
+    float c = scale * log2e;
+    if (add) {
+        for (int64_t j = 0; j < len; j += 16) {
+            __mmask16 m = lanes(len - j);
+            __m512 x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, s + j), _mm512_set1_ps(scale),
+                                       _mm512_maskz_loadu_ps(m, add + j));
+            _mm512_mask_storeu_ps(s + j, m, x);
+        }
+        c = log2e;
+    }
+    const __m512 low = _mm512_set1_ps(-INFINITY);
+    int64_t full = len / 16 * 16, j = 0;
+    __mmask16 tail = lanes(len - full);
+    __m512 m0 = low, m1 = low;
+    for (; j + 32 <= full; j += 32) {
+        m0 = _mm512_max_ps(m0, _mm512_loadu_ps(s + j));
+        m1 = _mm512_max_ps(m1, _mm512_loadu_ps(s + j + 16));
+    }
+    if (j < full) m0 = _mm512_max_ps(m0, _mm512_loadu_ps(s + j));
+    if (tail) m1 = _mm512_max_ps(m1, _mm512_mask_loadu_ps(low, tail, s + full));
+    *shift = _mm512_set1_ps(_mm512_reduce_max_ps(_mm512_max_ps(m0, m1)) * c);
+    return c;
+}
+
 /* 2^t for t <= 0 (a softmax's shifted scores, in base 2), to about 2e-7 relative: 2^n 2^f,
-   |f| <= 1/2, 2^f by its Taylor series to f^6. Its values are rounded to bfloat16 before they
-   are used (or summed in float32), so libmvec's exactness buys nothing here: with its expf,
-   the corpus's attention took 61-66 ms against 57-61. */
+   |f| <= 1/2, 2^f by its Taylor series to f^6. The bfloat16 attention rounds its values to
+   bfloat16 before it uses them (or sums them in float32), so libmvec's exactness buys nothing
+   there: with its expf, the corpus's attention took 61-66 ms against 57-61; the float32
+   attention keeps them (about float32's own rounding of them). */
 static inline __m512 exp2_neg(__m512 t) {
     t = _mm512_max_ps(t, _mm512_set1_ps(-126.0f));
     __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -350,11 +417,6 @@ int vp_amx_ready(void) {
     return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
 }
 
-/* One (sequence, head) of bfloat16 attention on AMX: scores Q K^T as float32 tile sums of
-   bfloat16 products, each query's softmax over its whole row in float32 (its exponentials
-   rounded to bfloat16 for the product with V, their float32 sum dividing the result), P V as
-   tile sums again; the result rounded to bfloat16. q, k and v hold `len` rows `stride` values
-   apart, `dim` (32 or 64) values each; the scratch `w` is laid out by `attention_bf16`. */
 /* e into p[j..j+16) rounded to bfloat16, and where `lo` is given what that rounding left off
    into lo[j..j+16), rounded again: p + lo holds e to about 2^-17. */
 AMX static inline void store_p(uint16_t *p, uint16_t *lo, int64_t j, __m512 e) {
@@ -371,28 +433,9 @@ AMX static inline void store_p(uint16_t *p, uint16_t *lo, int64_t j, __m512 e) {
    sum. Two chains of max and of sums, not one. */
 AMX static inline float softmax_row(float *s, const float *add, float scale, int64_t len,
                                     int64_t keys, uint16_t *p, uint16_t *lo) {
-    const float log2e = 1.44269504088896341f; /* e^x = 2^(x log2 e) */
-    float c = scale * log2e;
-    if (add) {
-        for (int64_t j = 0; j < len; j += 16) {
-            __mmask16 m = lanes(len - j);
-            __m512 x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, s + j), _mm512_set1_ps(scale),
-                                       _mm512_maskz_loadu_ps(m, add + j));
-            _mm512_mask_storeu_ps(s + j, m, x);
-        }
-        c = log2e;
-    }
-    const __m512 low = _mm512_set1_ps(-INFINITY), cv = _mm512_set1_ps(c);
-    int64_t full = len / 16 * 16, j = 0;
-    __mmask16 tail = lanes(len - full);
-    __m512 m0 = low, m1 = low;
-    for (; j + 32 <= full; j += 32) {
-        m0 = _mm512_max_ps(m0, _mm512_loadu_ps(s + j));
-        m1 = _mm512_max_ps(m1, _mm512_loadu_ps(s + j + 16));
-    }
-    if (j < full) m0 = _mm512_max_ps(m0, _mm512_loadu_ps(s + j));
-    if (tail) m1 = _mm512_max_ps(m1, _mm512_mask_loadu_ps(low, tail, s + full));
-    __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(_mm512_max_ps(m0, m1)) * c);
+    __m512 shift;
+    const __m512 cv = _mm512_set1_ps(row_base2(s, add, scale, len, &shift));
+    int64_t full = len / 16 * 16, j;
     __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
     for (j = 0; j + 32 <= full; j += 32) {
         __m512 e0 = exp2_neg(_mm512_fmsub_ps(_mm512_loadu_ps(s + j), cv, shift));
@@ -811,33 +854,14 @@ static inline __attribute__((always_inline)) void values_f32(const float *p, int
 
 /* A row of scores s[0..len) (Q K^T, then scaled and their bias `add` added where there is
    one) into e^(x - max x) in s[0..keys), zero past len; returns their sum. As `softmax_row`
-   (below) for the bfloat16 attention, in base 2, but with the exponentials kept in float32: the
+   does for the bfloat16 attention, in base 2, but with the exponentials kept in float32: the
    argument's rounding (x log2 e less the row's shift) moves each exponential by about 1e-7 of
    the row's largest, as float32's own rounding of it does. */
 static inline float softmax_f32(float *s, const float *add, float scale, int64_t len,
                                 int64_t keys) {
-    const float log2e = 1.44269504088896341f;
-    float c = scale * log2e;
-    if (add) {
-        for (int64_t j = 0; j < len; j += 16) {
-            __mmask16 m = lanes(len - j);
-            __m512 x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, s + j), _mm512_set1_ps(scale),
-                                       _mm512_maskz_loadu_ps(m, add + j));
-            _mm512_mask_storeu_ps(s + j, m, x);
-        }
-        c = log2e;
-    }
-    const __m512 low = _mm512_set1_ps(-INFINITY), cv = _mm512_set1_ps(c);
-    int64_t full = len / 16 * 16, j = 0;
-    __mmask16 tail = lanes(len - full);
-    __m512 m0 = low, m1 = low;
-    for (; j + 32 <= full; j += 32) {
-        m0 = _mm512_max_ps(m0, _mm512_loadu_ps(s + j));
-        m1 = _mm512_max_ps(m1, _mm512_loadu_ps(s + j + 16));
-    }
-    if (j < full) m0 = _mm512_max_ps(m0, _mm512_loadu_ps(s + j));
-    if (tail) m1 = _mm512_max_ps(m1, _mm512_mask_loadu_ps(low, tail, s + full));
-    __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(_mm512_max_ps(m0, m1)) * c);
+    __m512 shift;
+    const __m512 cv = _mm512_set1_ps(row_base2(s, add, scale, len, &shift));
+    int64_t full = len / 16 * 16, j;
     __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
     for (j = 0; j + 32 <= full; j += 32) {
         __m512 e0 = exp2_neg(_mm512_fmsub_ps(_mm512_loadu_ps(s + j), cv, shift));

@@ -126,8 +126,9 @@ class MPNetModel(FusedModel):
         def bias(length: int, dtype: torch.dtype) -> torch.Tensor:
             # One (heads, L, L) bias per distinct length and dtype, shared by every layer of the
             # batch: a bfloat16 model's attention asks for float32 on the CPU (attention.py).
+            # Contiguous: the compiled attention takes it so, and would copy it every layer.
             if (length, dtype) not in cache:
-                cache[(length, dtype)] = self.score_bias(length).to(dtype)
+                cache[(length, dtype)] = self.score_bias(length).to(dtype).contiguous()
             return cache[(length, dtype)]
 
         for layer in self.encoder.layer:

@@ -1,23 +1,28 @@
-"""Attention over a whole packed pass in one call to the compiled kernel's library
-(`short_kernel.c`): what the float32 (`f32_kernels.py`) and the bfloat16 (`bf16_kernels.py`)
-attentions share. Each lays every sequence's queries, keys and values out for its blocks (the
-keys padded to whole blocks), then hands the (sequence, head) pairs to the threads as they come
-free: no length groups, no gathers, no padding to a common length.
+"""What the compiled ops of float32 (`f32_kernels.py`) and bfloat16 (`bf16_kernels.py`) passes
+share, calls into the short-pass kernel's library (`short_kernel.c`).
 
-It fits attention without a window, a causal mask or held-out keys, with as many key heads as
-query heads, contiguous per head: BERT's, RoBERTa's, XLM-R's, DistilBERT's, and MPNet's with its
-relative position bias (in float32, each sequence reading the longest one's top-left corner).
+Attention over a whole packed pass in one call (`KernelAttention`): each kernel lays every
+sequence's queries, keys and values out for its blocks (the keys padded to whole blocks), then
+hands the (sequence, head) pairs to the threads as they come free: no length groups, no gathers,
+no padding to a common length. It fits attention without a window, a causal mask or held-out
+keys, with as many key heads as query heads, contiguous per head: BERT's, RoBERTa's, XLM-R's,
+DistilBERT's, and MPNet's with its relative position bias (in float32, each sequence reading the
+longest one's top-left corner).
+
+The residual add and LayerNorm of a post-LayerNorm layer as one op (`AddNorm`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import math
+import weakref
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.backends.torch.attention import ScoreBias
@@ -157,3 +162,62 @@ ARGTYPES: list[type[ctypes._SimpleCData[Any]]] = [
     ctypes.c_void_p,  # bias (float32) or NULL
     ctypes.c_int64,  # span
 ]
+
+
+class AddNorm:
+    """`norm(a + b)` over `a`'s rows, written over `a`, for a LayerNorm with weight and bias in
+    `dtype` (float32 or bfloat16), or None where the call does not fit: a post-LayerNorm layer's
+    residual step in one pass over the rows where torch's add and LayerNorm take three."""
+
+    def __init__(self, lib: ctypes.CDLL, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        self.run = lib.vp_add_norm_bf16 if dtype == torch.bfloat16 else lib.vp_add_norm_f32
+        self.run.restype = None
+        self.run.argtypes = [
+            ctypes.c_void_p,  # a
+            ctypes.c_void_p,  # b
+            ctypes.c_int64,  # rows
+            ctypes.c_int64,  # n
+            ctypes.c_void_p,  # weight (float32)
+            ctypes.c_void_p,  # bias (float32)
+            ctypes.c_float,  # eps
+            ctypes.c_void_p,  # out
+            ctypes.c_int,  # threads
+        ]
+        # Each LayerNorm's weight and bias in float32, made on its first call.
+        self.widened: weakref.WeakKeyDictionary[nn.Module, tuple[torch.Tensor, torch.Tensor]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, norm: nn.Module) -> torch.Tensor | None:
+        if not (
+            isinstance(norm, nn.LayerNorm)
+            and norm.weight is not None
+            and norm.bias is not None
+            and a.dim() == 2
+            and a.shape == b.shape
+            and norm.normalized_shape == (a.shape[1],)
+            and a.dtype == b.dtype == self.dtype
+            and a.device.type == b.device.type == "cpu"
+            and a.is_contiguous()
+            and b.is_contiguous()
+        ):
+            return None
+        params = self.widened.get(norm)
+        if params is None:
+            params = (norm.weight.detach().float(), norm.bias.detach().float())
+            self.widened[norm] = params
+        weight, bias = params
+        with torch.profiler.record_function("vp_add_norm"):
+            self.run(
+                a.data_ptr(),
+                b.data_ptr(),
+                a.shape[0],
+                a.shape[1],
+                weight.data_ptr(),
+                bias.data_ptr(),
+                norm.eps,
+                a.data_ptr(),
+                torch.get_num_threads(),
+            )
+        return a

@@ -43,13 +43,7 @@ from pathlib import Path
 
 import torch
 
-from vectorpress.backends.torch.compiled_ops import (
-    ARGTYPES,
-    AddNorm,
-    KernelAttention,
-    Layout,
-    strides,
-)
+from vectorpress.backends.torch.compiled_ops import AddNorm, KernelAttention
 from vectorpress.backends.torch.cpu_kernels import NONE, CpuKernels
 from vectorpress.backends.torch.short_kernel import amx_ready, load_library
 
@@ -62,45 +56,12 @@ class AmxAttention(KernelAttention):
     dtype = torch.bfloat16
     head_dims = (32, 64)
     key_block = 32
+    function = "vp_attention_bf16"
+    options = (ctypes.c_int,)  # split
 
-    def __init__(self, lib: ctypes.CDLL) -> None:
-        super().__init__(lib)
-        lib.vp_attention_bf16.restype = ctypes.c_int
-        lib.vp_attention_bf16.argtypes = [
-            *ARGTYPES,
-            ctypes.c_int,  # split
-            ctypes.c_void_p,  # out
-            ctypes.c_int,  # threads
-        ]
-
-    def _launch(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        layout: Layout,
-        scale: float,
-        table: torch.Tensor | None,
-        out: torch.Tensor,
-    ) -> int:
-        failed: int = self.lib.vp_attention_bf16(
-            q.data_ptr(),
-            k.data_ptr(),
-            v.data_ptr(),
-            strides(q, k, v),
-            layout.cu.data_ptr(),
-            layout.count,
-            q.shape[1],
-            q.shape[2],
-            scale,
-            None if table is None else table.data_ptr(),
-            layout.longest,
-            # With a bias (MPNet), P as two bfloat16 parts, see the module's docstring.
-            int(table is not None),
-            out.data_ptr(),
-            torch.get_num_threads(),
-        )
-        return failed
+    def _options(self, table: torch.Tensor | None) -> tuple[int, ...]:
+        # With a bias (MPNet), P as two bfloat16 parts, see the module's docstring.
+        return (int(table is not None),)
 
 
 def bf16_kernels(dtype: torch.dtype, cache_dir: Path) -> CpuKernels:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import ctypes
 import math
 import weakref
-from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,18 +47,43 @@ class Layout:
     longest: int
 
 
-class KernelAttention(ABC):
+class KernelAttention:
     """`(q, k, v, seqs, scale, bias)` -> the attention of `(total_tokens, heads, dim)` rows
-    within each sequence, or None where the call does not fit (see the module's docstring)."""
+    within each sequence, or None where the call does not fit (see the module's docstring).
+    A kernel's class names its entry in the library and what it takes."""
 
     dtype: torch.dtype
     head_dims: tuple[int, ...]
     key_block: int
+    function: str
+    options: tuple[type[ctypes._SimpleCData[Any]], ...] = ()
+    """The kernel's own arguments, after the bias's span (`_options` gives them)."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        self.lib = lib
+        self.run = getattr(lib, self.function)
+        self.run.restype = ctypes.c_int
+        self.run.argtypes = [
+            ctypes.c_void_p,  # q
+            ctypes.c_void_p,  # k
+            ctypes.c_void_p,  # v
+            ctypes.c_void_p,  # stride[3]
+            ctypes.c_void_p,  # cu
+            ctypes.c_int64,  # seqs
+            ctypes.c_int64,  # heads
+            ctypes.c_int64,  # dim
+            ctypes.c_float,  # scale
+            ctypes.c_void_p,  # bias (float32) or NULL
+            ctypes.c_int64,  # span
+            *self.options,
+            ctypes.c_void_p,  # out
+            ctypes.c_int,  # threads
+        ]
         # The last pass's layout (`_layout`), kept with the pass's sequences it is for.
         self._last: tuple[PackedSequences, Layout | None] | None = None
+
+    def _options(self, table: torch.Tensor | None) -> tuple[int, ...]:
+        """The values of `options` for a call with this bias table (or none)."""
+        return ()
 
     def _layout(self, seqs: PackedSequences) -> Layout | None:
         """The pass's real sequences, or None for a pass of many very short texts
@@ -118,50 +142,23 @@ class KernelAttention(ABC):
         span = layout.longest
         table = None if bias is None or not span else bias(span, torch.float32).contiguous()
         with torch.profiler.record_function("vp_attention"):
-            failed = self._launch(
-                q,
-                k,
-                v,
-                layout,
+            failed = self.run(
+                q.data_ptr(),
+                k.data_ptr(),
+                v.data_ptr(),
+                (ctypes.c_int64 * 3)(q.stride(0), k.stride(0), v.stride(0)),
+                layout.cu.data_ptr(),
+                layout.count,
+                q.shape[1],
+                dim,
                 1.0 / math.sqrt(dim) if scale is None else scale,
-                table,
-                out,
+                None if table is None else table.data_ptr(),
+                span,
+                *self._options(table),
+                out.data_ptr(),
+                torch.get_num_threads(),
             )
         return None if failed else out
-
-    @abstractmethod
-    def _launch(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        layout: Layout,
-        scale: float,
-        table: torch.Tensor | None,
-        out: torch.Tensor,
-    ) -> int:
-        """Runs the kernel; nonzero where it could not (no memory for its layout)."""
-
-
-def strides(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> ctypes.Array[ctypes.c_int64]:
-    """The rows' strides, as the kernels take them."""
-    return (ctypes.c_int64 * 3)(q.stride(0), k.stride(0), v.stride(0))
-
-
-# The arguments the kernels (`vp_attention_bf16`, `vp_attention_f32`) share, their first.
-ARGTYPES: list[type[ctypes._SimpleCData[Any]]] = [
-    ctypes.c_void_p,  # q
-    ctypes.c_void_p,  # k
-    ctypes.c_void_p,  # v
-    ctypes.c_void_p,  # stride[3]
-    ctypes.c_void_p,  # cu
-    ctypes.c_int64,  # seqs
-    ctypes.c_int64,  # heads
-    ctypes.c_int64,  # dim
-    ctypes.c_float,  # scale
-    ctypes.c_void_p,  # bias (float32) or NULL
-    ctypes.c_int64,  # span
-]
 
 
 class AddNorm:

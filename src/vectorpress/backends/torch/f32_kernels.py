@@ -23,19 +23,12 @@ most (LayerNorm's moments summed in another order).
 
 from __future__ import annotations
 
-import ctypes
 import logging
 from pathlib import Path
 
 import torch
 
-from vectorpress.backends.torch.compiled_ops import (
-    ARGTYPES,
-    AddNorm,
-    KernelAttention,
-    Layout,
-    strides,
-)
+from vectorpress.backends.torch.compiled_ops import AddNorm, KernelAttention
 from vectorpress.backends.torch.cpu_kernels import NONE, CpuKernels
 from vectorpress.backends.torch.short_kernel import load_library
 
@@ -48,42 +41,7 @@ class FloatAttention(KernelAttention):
     dtype = torch.float32
     head_dims = (16, 32, 64, 128)
     key_block = 16
-
-    def __init__(self, lib: ctypes.CDLL) -> None:
-        super().__init__(lib)
-        lib.vp_attention_f32.restype = ctypes.c_int
-        lib.vp_attention_f32.argtypes = [
-            *ARGTYPES,
-            ctypes.c_void_p,  # out
-            ctypes.c_int,  # threads
-        ]
-
-    def _launch(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        layout: Layout,
-        scale: float,
-        table: torch.Tensor | None,
-        out: torch.Tensor,
-    ) -> int:
-        failed: int = self.lib.vp_attention_f32(
-            q.data_ptr(),
-            k.data_ptr(),
-            v.data_ptr(),
-            strides(q, k, v),
-            layout.cu.data_ptr(),
-            layout.count,
-            q.shape[1],
-            q.shape[2],
-            scale,
-            None if table is None else table.data_ptr(),
-            layout.longest,
-            out.data_ptr(),
-            torch.get_num_threads(),
-        )
-        return failed
+    function = "vp_attention_f32"
 
 
 def f32_kernels(dtype: torch.dtype, cache_dir: Path) -> CpuKernels:

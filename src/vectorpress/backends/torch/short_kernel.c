@@ -188,6 +188,23 @@ static inline void narrow(uint16_t *p, __mmask16 m, __m512 v) {
     _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(u));
 }
 
+/* A LayerNorm's scale and shift for a row of n float32 values (x, zero past n to a whole
+   vector): rstd and -mean * rstd, the mean and variance summed 16 lanes at a time in order. */
+static inline void moments(const float *x, int64_t n, float eps, __m512 *scale, __m512 *shift) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) acc = _mm512_add_ps(acc, _mm512_loadu_ps(x + i));
+    float mean = _mm512_reduce_add_ps(acc) / (float)n;
+    __m512 mu = _mm512_set1_ps(mean);
+    acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        __m512 d = _mm512_maskz_sub_ps(lanes(n - i), _mm512_loadu_ps(x + i), mu);
+        acc = _mm512_fmadd_ps(d, d, acc);
+    }
+    float rstd = 1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)n + eps);
+    *scale = _mm512_set1_ps(rstd);
+    *shift = _mm512_set1_ps(-rstd * mean);
+}
+
 /* out = LayerNorm(a + b) over rows of n bfloat16 values (out may be a), as a bfloat16 model's
    residual add and LayerNorm give it: the sum rounded to bfloat16, its mean and variance in
    float32, (x * rstd - mean * rstd) * w + bias rounded to bfloat16. One pass over the rows where
@@ -199,22 +216,13 @@ void vp_add_norm_bf16(const uint16_t *a, const uint16_t *b, int64_t rows, int64_
     for (int64_t r = 0; r < rows; r++) {
         float x[(n + 15) / 16 * 16];
         const uint16_t *ar = a + r * n, *br = b + r * n;
-        __m512 acc = _mm512_setzero_ps();
         for (int64_t i = 0; i < n; i += 16) {
             __mmask16 m = lanes(n - i);
             __m512 v = to_bf16_value(_mm512_add_ps(widen(ar + i, m), widen(br + i, m)));
             _mm512_storeu_ps(x + i, v);
-            acc = _mm512_add_ps(acc, v);
         }
-        float mean = _mm512_reduce_add_ps(acc) / (float)n;
-        __m512 mu = _mm512_set1_ps(mean);
-        acc = _mm512_setzero_ps();
-        for (int64_t i = 0; i < n; i += 16) {
-            __m512 d = _mm512_maskz_sub_ps(lanes(n - i), _mm512_loadu_ps(x + i), mu);
-            acc = _mm512_fmadd_ps(d, d, acc);
-        }
-        float rstd = 1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)n + eps);
-        __m512 scale = _mm512_set1_ps(rstd), shift = _mm512_set1_ps(-rstd * mean);
+        __m512 scale, shift;
+        moments(x, n, eps, &scale, &shift);
         for (int64_t i = 0; i < n; i += 16) {
             __mmask16 m = lanes(n - i);
             __m512 y = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), scale, shift);
@@ -233,23 +241,14 @@ void vp_add_norm_f32(const float *a, const float *b, int64_t rows, int64_t n, co
     for (int64_t r = 0; r < rows; r++) {
         float x[(n + 15) / 16 * 16];
         const float *ar = a + r * n, *br = b + r * n;
-        __m512 acc = _mm512_setzero_ps();
         for (int64_t i = 0; i < n; i += 16) {
             __mmask16 m = lanes(n - i);
             __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, ar + i),
                                      _mm512_maskz_loadu_ps(m, br + i));
             _mm512_storeu_ps(x + i, v);
-            acc = _mm512_add_ps(acc, v);
         }
-        float mean = _mm512_reduce_add_ps(acc) / (float)n;
-        __m512 mu = _mm512_set1_ps(mean);
-        acc = _mm512_setzero_ps();
-        for (int64_t i = 0; i < n; i += 16) {
-            __m512 d = _mm512_maskz_sub_ps(lanes(n - i), _mm512_loadu_ps(x + i), mu);
-            acc = _mm512_fmadd_ps(d, d, acc);
-        }
-        float rstd = 1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)n + eps);
-        __m512 scale = _mm512_set1_ps(rstd), shift = _mm512_set1_ps(-rstd * mean);
+        __m512 scale, shift;
+        moments(x, n, eps, &scale, &shift);
         for (int64_t i = 0; i < n; i += 16) {
             __mmask16 m = lanes(n - i);
             __m512 y = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), scale, shift);

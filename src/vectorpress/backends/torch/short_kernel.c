@@ -174,6 +174,22 @@ static void unscratch(char *mem, size_t size) {
     if (size > KEPT_MAX) free(mem);
 }
 
+/* Where each of `seqs` sequences (bounds in `cu`) starts in an attention's layout, its keys
+   padded to a multiple of `block`: at[0..seqs], at[seqs] the whole layout's rows (malloc'd; NULL
+   where it could not be), the longest padded sequence in *longest. */
+static int64_t *laid_out(const int32_t *cu, int64_t seqs, int64_t block, int64_t *longest) {
+    int64_t *at = malloc(sizeof(int64_t) * (seqs + 1));
+    if (!at) return NULL;
+    at[0] = 0;
+    *longest = 0;
+    for (int64_t s = 0; s < seqs; s++) {
+        int64_t keys = (cu[s + 1] - cu[s] + block - 1) / block * block;
+        at[s + 1] = at[s] + keys;
+        if (keys > *longest) *longest = keys;
+    }
+    return at;
+}
+
 /* 16 bfloat16 values as float32 (exactly). */
 static inline __m512 widened(__m256i h) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
@@ -618,14 +634,8 @@ AMX int vp_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *
                           const int64_t stride[3], const int32_t *cu, int64_t seqs,
                           int64_t heads, int64_t dim, float scale, const float *bias,
                           int64_t span, int split, uint16_t *out, int threads) {
-    int64_t longest = 0, *at = malloc(sizeof(int64_t) * (seqs + 1));
+    int64_t longest, *at = laid_out(cu, seqs, 32, &longest);
     if (!at) return -1;
-    at[0] = 0;
-    for (int64_t s = 0; s < seqs; s++) {
-        int64_t keys = (cu[s + 1] - cu[s] + 31) / 32 * 32;
-        at[s + 1] = at[s] + keys;
-        if (keys > longest) longest = keys;
-    }
     int64_t hidden = heads * dim;
     /* Q, K and V packed, then each thread's scores, exponentials and P V. */
     size_t packed = ((size_t)at[seqs] * hidden * 2 * 3 + 63) / 64 * 64;
@@ -923,14 +933,8 @@ static inline __attribute__((always_inline)) void attend_f32(
 int vp_attention_f32(const float *q, const float *k, const float *v, const int64_t stride[3],
                      const int32_t *cu, int64_t seqs, int64_t heads, int64_t dim, float scale,
                      const float *bias, int64_t span, float *out, int threads) {
-    int64_t longest = 0, *at = malloc(sizeof(int64_t) * (seqs + 1));
+    int64_t longest, *at = laid_out(cu, seqs, 16, &longest);
     if (!at) return -1;
-    at[0] = 0;
-    for (int64_t s = 0; s < seqs; s++) {
-        int64_t keys = (cu[s + 1] - cu[s] + 15) / 16 * 16;
-        at[s + 1] = at[s] + keys;
-        if (keys > longest) longest = keys;
-    }
     int64_t hidden = heads * dim;
     size_t packed = ((size_t)at[seqs] * hidden * 4 * 3 + 63) / 64 * 64;
     size_t own = ((size_t)4 * 16 * longest + 63) / 64 * 64;

@@ -325,22 +325,24 @@ def test_where_the_kernel_builds_the_graph_is_not_exported(
 ) -> None:
     pytest.importorskip("onnxruntime")
     spec = _spec(tiny_bert_family())
-    offered: list[str] = []
+    # What each timing was offered: start-up times again where other processes held the CPUs
+    # (`plan_when_quiet`), so a loaded machine makes two timings of the same offer.
+    offered: list[tuple[str, ...]] = []
 
     def timed(encoder: Any, offset: int, *, shortcuts: tuple[Shortcut, ...]) -> PassPlan:
-        offered.extend(s.name for s in shortcuts)
-        return ON_KERNEL if KERNEL in offered else PassPlan(False, False)
+        offered.append(tuple(s.name for s in shortcuts))
+        return ON_KERNEL if KERNEL in offered[-1] else PassPlan(False, False)
 
     monkeypatch.setattr(backend_module, "plan_passes", timed)
     TorchBackend(spec, "cpu", "float32", cache_dir=tmp_path / "with")
-    assert offered == [KERNEL]
+    assert offered and set(offered) == {(KERNEL,)}
     assert list((tmp_path / "with" / "kernels").glob("short_kernel-*.so"))
     assert not list((tmp_path / "with").rglob("*.onnx"))
     # Where it cannot build, the graph is the one candidate.
     offered.clear()
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     TorchBackend(spec, "cpu", "float32", cache_dir=tmp_path / "without")
-    assert offered == [GRAPH]
+    assert offered and set(offered) == {(GRAPH,)}
     assert list((tmp_path / "without").rglob("model.onnx"))
 
 

@@ -1,8 +1,8 @@
 """What the compiled ops of float32 (`f32_kernels.py`) and bfloat16 (`bf16_kernels.py`) passes
 share, calls into the short-pass kernel's library (`short_kernel.c`).
 
-Attention over a whole packed pass in one call (`KernelAttention`): each kernel lays every
-sequence's queries, keys and values out for its blocks (the keys padded to whole blocks), then
+Attention over a whole packed pass in one call (`KernelAttention`): each kernel lays the
+sequences' queries, keys and values out for its blocks (the keys padded to whole blocks) and
 hands the (sequence, head) pairs to the threads as they come free: no length groups, no gathers,
 no padding to a common length. It fits attention without a window, a causal mask or held-out
 keys, with as many key heads as query heads, contiguous per head: BERT's, RoBERTa's, XLM-R's,
@@ -30,9 +30,9 @@ from vectorpress.backends.torch.attention import ScoreBias
 # blocks), and pays a task per text and head: measured on the AMX Xeon (12 heads, grouped calls
 # against the bfloat16 kernel, blocks of 32 keys), 1,300 texts of 3 tokens ran 3.5x (heads of
 # 32) and 5.5x (64) slower on the kernel, 400 of 10 tokens 1.14x faster and 2.6x slower, 68 of
-# 60 tokens 2.2x and 1.7x faster; the float32 kernel (blocks of 16) 1,300 of 3 tokens 4.8x /
-# 12x slower, 400 of 10 1.10x / 3.1x faster. The corpus's batches lay out about 1.2x their rows.
-# Such passes go to the grouped calls.
+# 60 tokens 2.2x and 1.7x faster; the float32 kernel (blocks of 16, each head laid out by the
+# thread that takes it) 1,300 of 3 tokens 1.2x / 1.3x slower, 400 of 10 1.9x / 2.6x faster. The
+# corpus's batches lay out about 1.2x their rows. Such passes go to the grouped calls.
 MAX_LAYOUT_OVER_ROWS = 2
 MAX_LAYOUT_WITHOUT_CHECK = 2048
 

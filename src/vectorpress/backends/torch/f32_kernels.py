@@ -4,17 +4,19 @@ layers' residual add and LayerNorm as one op (`compiled_ops.py`).
 
 ATen's flash kernel ran all-MiniLM-L6-v2's float32 attention at about 28% of the GEMM ceiling
 (the corpus's 600 texts in batches of 32, one layer's grouped calls: 150-160 ms, 98-107
-GFLOP/s, the AMX Xeon), and it took 16-17% of the pass. The kernel (`compiled_ops.py`) lays
-each sequence out per head (Q and V rows, K transposed in blocks of 16 keys), then scores 4
-queries against 64 keys a step in registers (each score one FMA chain over the head's
-dimensions), takes each query's softmax over its whole row in float32 (base-2 exponentials to
-about 2e-7, shifted by the row's largest; the sum's inverse scaling the result) and multiplies P
-by V 8 queries by 32 columns a step. The same layer: 91-98 ms (12 heads of 32), 170-190 against
-250-258 ms (12 heads of 64); the whole pass 1.06-1.13x (alternated rounds, two sessions:
-11,500-11,940 tokens/s against 10,580-10,720), its vectors within 1.4e-6 of torch's. By length
-(equal-length batches, 12 heads, either head size): 1.2-1.8x from 60 tokens, 0.75-1.05x from 16
-to 33, at 400 texts of 10 tokens 1.10x (heads of 32) and 3.1x (64). all-mpnet-base-v2 (heads of
-64, its attention a smaller share of a 768-wide model's pass) 1.02x.
+GFLOP/s, the AMX Xeon), and it took 16-17% of the pass. The kernel (`compiled_ops.py`) hands
+the (sequence, head) pairs to the threads, and each lays its head out in its own scratch (Q and
+V rows, K transposed in blocks of 16 keys), then scores 4 queries against 64 keys a step in
+registers (each score one FMA chain over the head's dimensions), takes each query's softmax over
+its whole row in float32 (base-2 exponentials to about 2e-7, shifted by the row's largest; the
+sum's inverse scaling the result) and multiplies P by V 8 queries by 32 columns a step. The same
+layer: 88-93 ms (12 heads of 32), 161-175 against 250-258 ms (12 heads of 64); the whole pass
+1.06-1.13x (alternated rounds, two sessions: 11,500-11,940 tokens/s against 10,580-10,720), its
+vectors within 1.4e-6 of torch's. By length (equal-length batches, 12 heads, either head size):
+1.3-2.6x from 33 tokens, 1.07-1.12x at 16, at 400 texts of 10 tokens 1.9x (heads of 32) and
+2.6x (64); 1,300 texts of 3 tokens 0.8x (`MAX_LAYOUT_OVER_ROWS` sends those to the grouped
+calls). all-mpnet-base-v2 (heads of 64, its attention a smaller share of a 768-wide model's
+pass) 1.02x.
 
 The residual step: 839 us against torch's add and LayerNorm's 1,709 on 3,800 rows of 768
 (mpnet's), 443 against 471 on 2,940 of 384 (MiniLM's), the values a few float32 steps apart at

@@ -1,8 +1,8 @@
 """The compiled ops of a bfloat16 model's CPU passes (backends/torch/bf16_kernels.py): attention
 on AMX's tiles against one explicit softmax per sequence (the reference) on every layout the
-layers hand it, a sequence's values independent of its pass, filler rows, the calls it leaves
-to the grouped path; the residual add and LayerNorm against torch's; and a bfloat16 backend
-that takes them without losing its accuracy."""
+layers hand it, a sequence's values independent of its pass, filler rows, a layout too large to
+keep, the calls it leaves to the grouped path; the residual add and LayerNorm against torch's;
+and a bfloat16 backend that takes them without losing its accuracy."""
 
 from __future__ import annotations
 
@@ -46,11 +46,11 @@ def kernel(kernels: CpuKernels) -> AmxAttention:
     return kernels.attention
 
 
-def _qkv(total: int, dim: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+def _qkv(total: int, dim: int, seed: int = 0, heads: int = HEADS) -> tuple[torch.Tensor, ...]:
     """q, k and v as a fused projection's output leaves them: views of one (total, 3, heads,
     dim) tensor, a row apart by 3 * heads * dim."""
     gen = torch.Generator().manual_seed(seed)
-    qkv = (torch.randn(total, 3, HEADS, dim, generator=gen) * 2).bfloat16()
+    qkv = (torch.randn(total, 3, heads, dim, generator=gen) * 2).bfloat16()
     return qkv.unbind(1)
 
 
@@ -114,6 +114,30 @@ def test_filler_rows_are_zeros_and_change_nothing(kernel: AmxAttention) -> None:
     assert got is not None and want is not None
     assert torch.equal(got[: seqs.total], want)
     assert not got[seqs.total :].any()
+
+
+@needs_amx
+def test_a_layout_too_large_to_keep_is_its_calls_own(kernel: AmxAttention) -> None:
+    """Past 64 MiB (`KEPT_MAX` in short_kernel.c) a call's layout is allocated and freed by the
+    call; below it the thread's is kept. Large, then small, then large again, a text's values
+    the same in each as alone."""
+    large = packed([200] * 150)  # 30,000 rows of 12 heads of 64: 148 MiB laid out
+    lq, lk, lv = _qkv(large.total, 64, seed=3, heads=12)
+    small = packed(LENGTHS)
+    q, k, v = _qkv(small.total, 32)
+    first = kernel(lq, lk, lv, large)
+    assert first is not None
+    for _ in range(2):
+        got = kernel(q, k, v, small)
+        assert got is not None
+        assert torch.equal(got[-300:], kernel(q[-300:], k[-300:], v[-300:], packed([300])))
+    again = kernel(lq, lk, lv, large)
+    assert again is not None and torch.equal(again, first)
+    last = slice(large.total - 200, large.total)
+    alone = kernel(lq[last], lk[last], lv[last], packed([200]))
+    assert alone is not None and torch.equal(alone, first[last])
+    want = reference_attention(lq[last].float(), lk[last].float(), lv[last].float(), packed([200]))
+    torch.testing.assert_close(alone.float(), want, atol=1e-2, rtol=1.6e-2)
 
 
 @needs_amx

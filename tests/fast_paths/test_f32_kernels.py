@@ -1,8 +1,8 @@
 """The compiled ops of a float32 model's CPU passes (backends/torch/f32_kernels.py): attention
 against one explicit softmax per sequence in float64, held to the error torch's own float32
 attention makes there, on every layout the layers hand it; a sequence's values independent of
-its pass; filler rows; the calls it leaves to the grouped path; a pass whose layout is too large
-to keep; the residual add and LayerNorm against torch's; and a float32 backend that takes them
+its pass; filler rows; the calls it leaves to the grouped path; the scratch kept from call to
+call; the residual add and LayerNorm against torch's; and a float32 backend that takes them
 and keeps its vectors."""
 
 from __future__ import annotations
@@ -121,23 +121,24 @@ def test_filler_rows_are_zeros_and_change_nothing(kernel: FloatAttention) -> Non
     assert not got[seqs.total :].any()
 
 
-def test_a_layout_too_large_to_keep_is_its_calls_own(kernel: FloatAttention) -> None:
-    """Past 64 MiB (`KEPT_MAX` in short_kernel.c) a call's layout is allocated and freed by the
-    call; below it the thread's is kept. Large, then small, then large again."""
-    large = packed([200] * 20)  # 4,000 rows of 12 heads of 128: 74 MiB laid out
-    lq, lk, lv = _qkv(large.total, 128, seed=3, heads=12)
+def test_a_threads_scratch_grows_with_the_longest_text(kernel: FloatAttention) -> None:
+    """Each thread keeps its scratch from call to call (`scratch` in short_kernel.c), sized by
+    the pass's longest text and head size: a long pass of wide heads, short ones, then the long
+    one again."""
+    long = packed([900, 200, 700])
+    lq, lk, lv = _qkv(long.total, 128, seed=3, heads=4)
     small = packed(LENGTHS)
     q, k, v = _qkv(small.total, 32)
-    first = kernel(lq, lk, lv, large)
+    first = kernel(lq, lk, lv, long)
     assert first is not None
-    ours, torchs = _error(first, lq, lk, lv, large)
+    ours, torchs = _error(first, lq, lk, lv, long)
     assert ours <= 1.5 * torchs
     for _ in range(2):
         got = kernel(q, k, v, small)
         assert got is not None
         ours, torchs = _error(got, q, k, v, small)
         assert ours <= 1.5 * torchs
-    again = kernel(lq, lk, lv, large)
+    again = kernel(lq, lk, lv, long)
     assert again is not None and torch.equal(again, first)
 
 
@@ -163,6 +164,9 @@ def test_calls_it_does_not_fit_take_the_grouped_path(kernel: FloatAttention) -> 
     assert kernel(q.bfloat16(), k.bfloat16(), v.bfloat16(), seqs) is None
     assert kernel(q, k, v, held_out) is None
     assert kernel(tq, tk, tv, tiny) is None
+    # Four tokens a text lay out 4x their rows, which the kernel still takes.
+    fours = packed([4] * 1000)
+    assert kernel(*_qkv(fours.total, 32), fours) is not None
     on_kernel = kernel(q, k, v, seqs)
     assert on_kernel is not None
     with cpu_kernels(CpuKernels(attention=kernel)):

@@ -27,13 +27,9 @@ from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.backends.torch.attention import ScoreBias
 
 # A pass of many very short texts lays out several times its rows (each sequence in whole key
-# blocks), and pays a task per text and head: measured on the AMX Xeon (12 heads, grouped calls
-# against the bfloat16 kernel, blocks of 32 keys), 1,300 texts of 3 tokens ran 3.5x (heads of
-# 32) and 5.5x (64) slower on the kernel, 400 of 10 tokens 1.14x faster and 2.6x slower, 68 of
-# 60 tokens 2.2x and 1.7x faster; the float32 kernel (blocks of 16, each head laid out by the
-# thread that takes it) 1,300 of 3 tokens 1.2x / 1.3x slower, 400 of 10 1.9x / 2.6x faster. The
-# corpus's batches lay out about 1.2x their rows. Such passes go to the grouped calls.
-MAX_LAYOUT_OVER_ROWS = 2
+# blocks), and pays a task per text and head; where its layout is more than a kernel's
+# `max_layout_over_rows` times its rows it goes to the grouped calls. The corpus's batches lay
+# out about 1.2x their rows.
 MAX_LAYOUT_WITHOUT_CHECK = 2048
 
 
@@ -55,6 +51,7 @@ class KernelAttention:
     dtype: torch.dtype
     head_dims: tuple[int, ...]
     key_block: int
+    max_layout_over_rows: float
     function: str
     options: tuple[type[ctypes._SimpleCData[Any]], ...] = ()
     """The kernel's own arguments, after the bias's span (`_options` gives them)."""
@@ -87,7 +84,7 @@ class KernelAttention:
 
     def _layout(self, seqs: PackedSequences) -> Layout | None:
         """The pass's real sequences, or None for a pass of many very short texts
-        (`MAX_LAYOUT_OVER_ROWS`); the same for every layer of a pass, so worked out on its
+        (`max_layout_over_rows`); the same for every layer of a pass, so worked out on its
         first."""
         if self._last is not None and self._last[0] is seqs:
             return self._last[1]
@@ -97,7 +94,7 @@ class KernelAttention:
         block = self.key_block
         laid_out = int(((cu[1:] - cu[:-1] + block - 1) // block).sum()) * block
         rows = seqs.total - seqs.filler
-        fits = laid_out <= max(MAX_LAYOUT_WITHOUT_CHECK, MAX_LAYOUT_OVER_ROWS * rows)
+        fits = laid_out <= max(MAX_LAYOUT_WITHOUT_CHECK, self.max_layout_over_rows * rows)
         layout = Layout(cu, count, max(seqs.lengths[:count], default=0)) if fits else None
         self._last = (seqs, layout)
         return layout

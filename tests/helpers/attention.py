@@ -57,10 +57,12 @@ def reference_attention(
     return out.to(q.dtype) if precision == torch.float32 else out
 
 
-def packed(lengths: list[int]) -> PackedSequences:
-    """Sequences of these lengths side by side."""
-    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int64)
-    return PackedSequences(cu, max(lengths))
+def packed(
+    lengths: list[int], *, varlen: bool = False, key_lengths: list[int] | None = None
+) -> PackedSequences:
+    """Sequences of these lengths side by side, their bounds int32 as a batch's are."""
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+    return PackedSequences(cu, max(lengths), varlen=varlen, key_lengths=key_lengths)
 
 
 def relative_bias(heads: int, seed: int = 0, reach: int = 400) -> ScoreBias:

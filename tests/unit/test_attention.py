@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from tests.helpers.attention import allowed, reference_attention
+from tests.helpers.attention import allowed, packed, reference_attention
 from vectorpress.backends.common.pooling import pool
 from vectorpress.backends.common.sequences import LengthGroup, PackedSequences
 from vectorpress.backends.torch import attention
@@ -19,8 +19,7 @@ def _check_against_reference(
 ) -> None:
     """Random q, k, v for packed sequences of `lengths`, 4 query heads of 8: the packed path
     against one explicit softmax per sequence."""
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-    seqs = PackedSequences(cu, max(lengths))
+    seqs = packed(lengths)
     total = sum(lengths)
     q = torch.randn(total, 4, 8)
     k = torch.randn(total, kv_heads, 8)
@@ -142,8 +141,7 @@ def test_sequences_sorted_longest_first_attend_as_one_view_per_length() -> None:
     view (no gather), the attention still that of each sequence on its own."""
     torch.manual_seed(0)
     lengths = [5, 3, 8, 5, 1, 3, 5]
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-    arrival = PackedSequences(cu, 8, key_lengths=[5, 2, 8, 5, 1, 3, 4])
+    arrival = packed(lengths, key_lengths=[5, 2, 8, 5, 1, 3, 4])
     sorted_ = arrival.longest_first()
     assert sorted_ is not None
     tokens, seqs = sorted_
@@ -161,7 +159,7 @@ def test_sequences_sorted_longest_first_attend_as_one_view_per_length() -> None:
         (1, 1, None),
     ]
     assert seqs.longest_first() is None
-    sorted_ = PackedSequences(cu, 8).longest_first()
+    sorted_ = packed(lengths).longest_first()
     assert sorted_ is not None
     tokens, seqs = sorted_
     q, k, v = (torch.randn(sum(lengths), 4, 8)[tokens] for _ in range(3))
@@ -178,9 +176,8 @@ def test_a_score_bias_runs_on_the_fused_kernel(held_out_keys: bool) -> None:
 
     torch.manual_seed(0)
     lengths = [5, 3, 5, 8]
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     keys = [4, 3, 5, 6] if held_out_keys else None
-    seqs = PackedSequences(cu, 8, key_lengths=keys)
+    seqs = packed(lengths, key_lengths=keys)
     q, k, v = (torch.randn(sum(lengths), 4, 8) for _ in range(3))
     table = torch.randn(4, 15)
     asked: set[torch.dtype] = set()
@@ -256,11 +253,10 @@ def test_keys_padded_to_a_span_attend_as_the_sequence_alone(
     unmasked, by SDPA's top-left causal mask), they change nothing; under a window too."""
     torch.manual_seed(0)
     lengths = [22, 45, 9, 45, 30, 22, 7]
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     # Each sequence holds out at most 3 keys: under the window (4 on each side) every query
     # still sees one.
     keys = [19, 45, 6, 42, 30, 22, 7] if held_out_keys else None
-    seqs = PackedSequences(cu, max(lengths), key_lengths=keys)
+    seqs = packed(lengths, key_lengths=keys)
     total = sum(lengths)
     q, k, v = (torch.randn(total, 4, 8) for _ in range(3))
     if sort:
@@ -365,8 +361,7 @@ def test_varlen_attention_asks_each_release_for_what_it_can_do(
 ) -> None:
     torch.manual_seed(0)
     lengths = [9, 1, 14, 9]
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-    seqs = PackedSequences(cu, max(lengths), varlen=True)
+    seqs = packed(lengths, varlen=True)
     total = sum(lengths)
     q = torch.randn(total, 4, 8)
     k, v = torch.randn(total, kv_heads, 8), torch.randn(total, kv_heads, 8)

@@ -132,7 +132,8 @@ static void block(const float *a, int64_t lda, int rows, const float *panel, int
    call up to KEPT_MAX bytes, or for larger ones its own; NULL where none could be had. Each
    call's own, the attentions' layouts (tens of megabytes for a long pass) came as fresh pages
    from the kernel, faulted in and zeroed on every call: 68 texts of 60 tokens (12 heads of 64,
-   float32) took 17.3 ms against 6.6 with the scratch kept. */
+   float32, when that kernel still laid out the whole pass) took 17.3 ms against 6.6 with the
+   scratch kept. */
 enum { KEPT_MAX = 64 << 20 };
 
 typedef struct {

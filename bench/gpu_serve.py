@@ -38,7 +38,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.client import free_port, inference_seconds, mean_inference, metric_sums  # noqa: E402
+from bench.client import free_port, inference_seconds, metric_sums, server_overhead  # noqa: E402
 from bench.corpus import corpus  # noqa: E402
 from bench.embed_trace import SAMPLE_DUMP, sample_delta  # noqa: E402
 from bench.run import (  # noqa: E402
@@ -158,7 +158,7 @@ def measure(
         lat = short_query_latencies(server, 200)
         out["short_p50_ms"] = pct(lat, 0.5) * 1e3
         out["short_p99_ms"] = pct(lat, 0.99) * 1e3
-        out["overhead_ms"] = (pct(lat, 0.5) - mean_inference(server.url, before)) * 1e3
+        out["overhead_ms"] = server_overhead(lat, server.url, before) * 1e3
         for name, figures in out["load"].items():
             traced_ = ""
             if "pass_wall_ms" in figures:

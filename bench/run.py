@@ -75,8 +75,8 @@ from bench.client import (  # noqa: E402
     Connection,
     free_port,
     inference_seconds,
-    mean_inference,
     metric_sums,
+    server_overhead,
     wait_healthy,
 )
 from bench.corpus import SHORT_QUERY, corpus  # noqa: E402
@@ -435,7 +435,7 @@ def bench_server(server: Server, suite: Suite, name: str, reference: np.ndarray)
     lat = short_query_latencies(server)
     res.short_p50_ms, res.short_p99_ms = pct(lat, 0.5) * 1e3, pct(lat, 0.99) * 1e3
     if before is not None:
-        res.overhead_ms = (pct(lat, 0.5) - mean_inference(server.url, before)) * 1e3
+        res.overhead_ms = server_overhead(lat, server.url, before) * 1e3
     return res
 
 

@@ -149,6 +149,19 @@ def build_model(spec: ModelSpec, arch: Architecture) -> ServedModel:
     return model
 
 
+def cast(model: ServedModel, device: str, dtype: torch.dtype) -> None:
+    """`model` in eval mode on `device` in `dtype`, but for its encoder's float32 parts, which
+    keep their loaded values."""
+    kept = [
+        (part, {k: v.clone() for k, v in part.state_dict().items()})
+        for part in model.encoder.float32_parts()
+    ]
+    model.eval().to(device=device, dtype=dtype)
+    for part, state in kept:
+        part.to(dtype=torch.float32)
+        part.load_state_dict(state)
+
+
 def load_head(spec: ModelSpec) -> nn.Module:
     """The served task's head alone, loaded strictly: for backends that run the encoder
     elsewhere (ONNX Runtime) and the head here."""
@@ -213,7 +226,7 @@ class TorchBackend:
             int8_ready()
         torch_dtype = _DTYPES[self.dtype]
         model = build_model(spec, arch)
-        model.eval().to(device=device, dtype=torch_dtype)
+        cast(model, device, torch_dtype)
         plan = PassPlan(small_onednn=False, large_onednn=False)
         shortcuts: tuple[Shortcut, ...] = ()
         if int8:

@@ -53,6 +53,12 @@ class FusedModel(nn.Module):
             if isinstance(module, Fusable):
                 module.fuse(fast)
 
+    def float32_parts(self) -> list[nn.Module]:
+        """Modules whose weights are only ever read into float32 work, whatever the model's
+        dtype: the backend's cast leaves them in float32 (rounding them would lose accuracy and
+        save nothing)."""
+        return []
+
 
 def merged(*linears: nn.Linear, act: str | None = None, fast: bool = True) -> FusedLinear:
     """Several projections of the same input as one GEMM, their outputs side by side."""

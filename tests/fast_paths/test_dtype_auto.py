@@ -111,7 +111,7 @@ def test_the_check_runs_on_the_other_bfloat16_backends(
 def test_mpnet_gets_bfloat16_only_where_the_corpus_holds_it(
     monkeypatch: pytest.MonkeyPatch, backend: str
 ) -> None:
-    # mpnet's bf16 holds the 0.999 bound on the benchmark corpus on torch (0.99920) and not on
+    # mpnet's bf16 holds the 0.999 bound on the benchmark corpus on torch (0.99989) and not on
     # OpenVINO (0.99889, one text): auto may keep float32 anywhere, but picks bfloat16 only
     # where every corpus text holds the bound.
     check_on_any_cpu(monkeypatch, backend)

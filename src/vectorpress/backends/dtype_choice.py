@@ -10,7 +10,8 @@ pooled vector at >= `CORPUS_BOUND`. The 38 texts' pooled vectors alone find a mo
 less surely than the benchmark's 1,200-text corpus; their 1,030 tokens' states find it better.
 Measured on an AMX Xeon (lowest cosine; calibration tokens / calibration vectors / corpus
 vectors): MiniLM on torch 0.99986 / 0.99993 / 0.99990, on OpenVINO 0.99995 / 0.99998 / 0.99995;
-mpnet on torch 0.99967 / 0.99991 / 0.99920, on OpenVINO 0.99873 / 0.99981 / 0.99889. The token
+mpnet on torch 0.99967 / 0.99991 / 0.99920 (its relative position bias since kept in float32:
+corpus 0.99989 on a Zen 5), on OpenVINO 0.99873 / 0.99981 / 0.99889. The token
 bound sits between mpnet's two backends, the one that holds the corpus bound and the one that
 does not, and leaves MiniLM a margin of 3.6x in 1 - cosine.
 """

@@ -8,10 +8,14 @@ so that any prefix of the corpus has the same mix.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
+import json
 import random
 import re
+import subprocess
+import sys
 
 MODULES = (
     "argparse", "asyncio", "collections", "csv", "datetime", "decimal", "email", "functools",
@@ -23,10 +27,26 @@ MODULES = (
 )  # fmt: skip
 
 
-def sentences() -> list[str]:
-    """Every sentence of the modules' docstrings, in a fixed order."""
+def sentences(modules: tuple[str, ...] = MODULES) -> list[str]:
+    """Every sentence of the modules' docstrings, in a fixed order, as the standard library
+    writes them: read in a fresh interpreter, because a library imported here may have replaced
+    one of its functions (Ray swaps `inspect.isgenerator` for one without a docstring, which
+    moved every corpus text after that sentence in any test process that had imported Ray)."""
+    return list(_fresh(modules))
+
+
+@functools.cache
+def _fresh(modules: tuple[str, ...]) -> tuple[str, ...]:
+    # -I -S: no site, so no .pth file imports anything before the modules are read.
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", __file__, *modules], capture_output=True, text=True, check=True
+    )
+    return tuple(json.loads(done.stdout))
+
+
+def _read(modules: tuple[str, ...]) -> list[str]:
     out: list[str] = []
-    for name in MODULES:
+    for name in modules:
         try:
             module = importlib.import_module(name)
         except ImportError:
@@ -74,3 +94,7 @@ def corpus(n: int, seed: int = 0) -> list[str]:
 
 SHORT_QUERY = "How do I read a CSV file into a list of rows?"
 """The one short query of the latency measurement (about a dozen tokens)."""
+
+
+if __name__ == "__main__":
+    print(json.dumps(_read(tuple(sys.argv[1:]))))

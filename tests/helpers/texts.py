@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import random
-import re
+
+from bench.corpus import sentences as corpus_sentences
 
 _MODULES = (
     "argparse",
@@ -38,24 +37,9 @@ _MODULES = (
 
 
 def sentences() -> list[str]:
-    """Every sentence of the docstrings of a fixed set of stdlib modules, in a fixed order."""
-    out: list[str] = []
-    for name in _MODULES:
-        module = importlib.import_module(name)
-        docs = [inspect.getdoc(module) or ""]
-        for attr in sorted(dir(module)):
-            obj = getattr(module, attr, None)
-            if attr.startswith("_") or obj is None:
-                continue
-            doc = inspect.getdoc(obj)
-            if doc and (inspect.isclass(obj) or inspect.isfunction(obj)):
-                docs.append(doc)
-        for doc in docs:
-            flat = re.sub(r"\s+", " ", doc)
-            for sentence in re.split(r"(?<=[.!?])\s+", flat):
-                if 20 <= len(sentence) <= 400 and sentence[0].isalpha():
-                    out.append(sentence)
-    return out
+    """Every sentence of the docstrings of a fixed set of stdlib modules, in a fixed order (read
+    in a fresh interpreter: `bench.corpus.sentences`)."""
+    return corpus_sentences(_MODULES)
 
 
 def mixed_texts(n: int, seed: int = 0, long_share: float = 0.2) -> list[str]:

@@ -13,7 +13,9 @@
 
    The library also holds ops that longer passes call from torch: a float32 model's attention
    (`vp_attention_f32`, f32_kernels.py says why), and a bfloat16 model's attention on AMX
-   (`vp_attention_bf16`) and residual add with LayerNorm (`vp_add_norm_bf16`, bf16_kernels.py). */
+   (`vp_attention_bf16`) or, without AMX, in float32 on its widened rows
+   (`vp_attention_bf16_f32`), and its residual add with LayerNorm (`vp_add_norm_bf16`,
+   bf16_kernels.py). */
 
 #include <immintrin.h>
 #include <math.h>
@@ -791,25 +793,44 @@ static void attention(const float *qkv, const int32_t *cu, int64_t seqs, int64_t
    that laid out the whole pass wrote them all to memory and read them back (the corpus's
    batches 3-8% slower; 68 texts of 60 tokens 1.3x, 400 of 10 1.7x). */
 
-/* One head of a sequence's `len` rows (q, k and v at the head's columns, stride[0], stride[1]
-   and stride[2] values from one row to the next) laid out, `keys` (len rounded up to 16) rows
-   each, the rows past len zero: qp and vp [keys][dim], kt [keys / 16][dim][16] (K^T in blocks
-   of 16 keys). */
-static void pack_f32(const float *q, const float *k, const float *v, const int64_t stride[3],
-                     int64_t len, int64_t keys, int64_t dim, float *qp, float *kt, float *vp) {
+/* 16 values of row data from `p` at element `at`: float32, or bfloat16 widened (exactly). */
+static inline __attribute__((always_inline)) __m512 load16(const void *p, int64_t at,
+                                                           const int bf16) {
+    return bf16 ? widened(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + at)))
+                : _mm512_loadu_ps((const float *)p + at);
+}
+
+/* 16 float32 values to `p` at element `at`: as they are, or rounded to bfloat16. */
+static inline __attribute__((always_inline)) void store16(void *p, int64_t at, __m512 x,
+                                                          const int bf16) {
+    if (bf16)
+        narrow((uint16_t *)p + at, 0xFFFF, x);
+    else
+        _mm512_storeu_ps((float *)p + at, x);
+}
+
+/* One head of a sequence's `len` rows (q, k and v from elements at[0], at[1] and at[2], at the
+   head's columns, stride[0], stride[1] and stride[2] values from one row to the next; float32,
+   or bfloat16 where `bf16`) laid out in float32, `keys` (len rounded up to 16) rows each, the
+   rows past len zero: qp and vp [keys][dim], kt [keys / 16][dim][16] (K^T in blocks of 16
+   keys). */
+static inline __attribute__((always_inline)) void pack_f32(
+    const void *q, const void *k, const void *v, const int64_t at[3], const int64_t stride[3],
+    int64_t len, int64_t keys, int64_t dim, const int bf16, float *qp, float *kt, float *vp) {
     for (int64_t j0 = 0; j0 < keys; j0 += 16) {
         for (int64_t j = j0; j < j0 + 16; j++)
             for (int64_t c = 0; c < dim; c += 16) {
-                _mm512_storeu_ps(qp + j * dim + c, j < len ? _mm512_loadu_ps(q + j * stride[0] + c)
+                _mm512_storeu_ps(qp + j * dim + c, j < len ? load16(q, at[0] + j * stride[0] + c, bf16)
                                                           : _mm512_setzero_ps());
-                _mm512_storeu_ps(vp + j * dim + c, j < len ? _mm512_loadu_ps(v + j * stride[2] + c)
+                _mm512_storeu_ps(vp + j * dim + c, j < len ? load16(v, at[2] + j * stride[2] + c, bf16)
                                                           : _mm512_setzero_ps());
             }
         for (int64_t c = 0; c < dim; c += 16) {
             __m512i r[16];
             for (int i = 0; i < 16; i++)
-                r[i] = j0 + i < len ? _mm512_loadu_si512(k + (j0 + i) * stride[1] + c)
-                                    : _mm512_setzero_si512();
+                r[i] = j0 + i < len
+                           ? _mm512_castps_si512(load16(k, at[1] + (j0 + i) * stride[1] + c, bf16))
+                           : _mm512_setzero_si512();
             transpose16(r);
             float *to = kt + j0 * dim + c * 16;
             for (int i = 0; i < 16; i++) _mm512_storeu_si512(to + 16 * i, r[i]);
@@ -839,13 +860,15 @@ static inline __attribute__((always_inline)) void scores_f32(const float *q, con
 
 /* o[r] = inv[r] (sum over j < len of p[r][j] v[j]) over nv vectors of v's rows (`ld_v`
    apart), for `rows` queries (p `ld` apart), each value one FMA chain over j in order; the
-   first `valid` rows written to out (`ld_out` apart). */
+   first `valid` rows written to out from element `at` (`ld_out` apart; float32, or bfloat16
+   where `bf16`). */
 static inline __attribute__((always_inline)) void values_f32(const float *p, int64_t ld,
                                                              const float *v, int64_t ld_v,
                                                              int64_t len, const int rows,
                                                              const int nv, int valid,
-                                                             const float *inv, float *out,
-                                                             int64_t ld_out) {
+                                                             const float *inv, void *out,
+                                                             int64_t at, int64_t ld_out,
+                                                             const int bf16) {
     __m512 acc[16];
     for (int i = 0; i < rows * nv; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t j = 0; j < len; j++) {
@@ -860,7 +883,7 @@ static inline __attribute__((always_inline)) void values_f32(const float *p, int
     for (int r = 0; r < rows && r < valid; r++) {
         __m512 f = _mm512_set1_ps(inv[r]);
         for (int n = 0; n < nv; n++)
-            _mm512_storeu_ps(out + r * ld_out + n * 16, _mm512_mul_ps(acc[r * nv + n], f));
+            store16(out, at + r * ld_out + n * 16, _mm512_mul_ps(acc[r * nv + n], f), bf16);
     }
 }
 
@@ -893,10 +916,12 @@ static inline float softmax_f32(float *s, const float *add, float scale, int64_t
     return _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
 }
 
-/* One head of one sequence, 16 queries at a time; `s` [16][keys]. */
+/* One head of one sequence, 16 queries at a time, written to out from element `at`; `s`
+   [16][keys]. */
 static inline __attribute__((always_inline)) void attend_f32(
     const float *q, const float *kt, const float *v, int64_t len, int64_t keys, const int nv,
-    float scale, const float *bias, int64_t span, float *out, int64_t ld_out, float *s) {
+    float scale, const float *bias, int64_t span, void *out, int64_t at, int64_t ld_out,
+    const int bf16, float *s) {
     const int64_t dim = nv * 16, blocks = keys / 16;
     /* P V 8 queries by 32 of V's columns at a time (16 by 16 for heads of 16): each load of V
        serves 8 queries (with 64-wide rows, 4 queries by 64 columns read V from L2 twice as
@@ -925,17 +950,19 @@ static inline __attribute__((always_inline)) void attend_f32(
         for (int r = 0; r < valid; r += rows)
             for (int64_t c = 0; c < dim; c += cols * 16)
                 values_f32(s + r * keys, keys, v + c, dim, len, rows, cols, valid - r, inv + r,
-                           out + (i0 + r) * ld_out + c, ld_out);
+                           out, at + (i0 + r) * ld_out + c, ld_out, bf16);
     }
 }
 
-/* Attention within each of `seqs` sequences (bounds in `cu`) of packed float32 rows: q, k and
-   v [rows][heads][dim], stride[0], stride[1] and stride[2] values from one row to the next,
-   out [rows][heads][dim] contiguous; `dim` 16, 32, 64 or 128. `bias` (or NULL) as in
-   `vp_attention_bf16`. Returns 0, or -1 where it could not allocate its scratch. */
-int vp_attention_f32(const float *q, const float *k, const float *v, const int64_t stride[3],
-                     const int32_t *cu, int64_t seqs, int64_t heads, int64_t dim, float scale,
-                     const float *bias, int64_t span, float *out, int threads) {
+/* Attention within each of `seqs` sequences (bounds in `cu`) of packed rows, float32, or
+   bfloat16 where `bf16` (widened as they are laid out, the work in float32, the output rounded
+   to bfloat16): q, k and v [rows][heads][dim], stride[0], stride[1] and stride[2] values from one
+   row to the next, out [rows][heads][dim] contiguous; `dim` 16, 32, 64 or 128. `bias` (or NULL)
+   as in `vp_attention_bf16`. Returns 0, or -1 where it could not allocate its scratch. */
+static inline __attribute__((always_inline)) int attention_f32(
+    const void *q, const void *k, const void *v, const int64_t stride[3], const int32_t *cu,
+    int64_t seqs, int64_t heads, int64_t dim, float scale, const float *bias, int64_t span,
+    const int bf16, void *out, int threads) {
     int64_t longest, *at = laid_out(cu, seqs, 16, &longest);
     if (!at) return -1;
     int64_t hidden = heads * dim;
@@ -954,21 +981,45 @@ int vp_attention_f32(const float *q, const float *k, const float *v, const int64
         for (int64_t task = 0; task < seqs * heads; task++) {
             int64_t i = task / heads, h = task % heads, keys = at[i + 1] - at[i];
             int64_t start = cu[i], len = cu[i + 1] - start;
-            pack_f32(q + start * stride[0] + h * dim, k + start * stride[1] + h * dim,
-                     v + start * stride[2] + h * dim, stride, len, keys, dim, qp, kt, vp);
+            const int64_t from[3] = {start * stride[0] + h * dim, start * stride[1] + h * dim,
+                                     start * stride[2] + h * dim};
+            pack_f32(q, k, v, from, stride, len, keys, dim, bf16, qp, kt, vp);
             const float *b = bias ? bias + h * span * span : 0;
-            float *o = out + (start * heads + h) * dim;
+            int64_t o = (start * heads + h) * dim;
             switch (dim) {
-                case 16: attend_f32(qp, kt, vp, len, keys, 1, scale, b, span, o, hidden, s); break;
-                case 32: attend_f32(qp, kt, vp, len, keys, 2, scale, b, span, o, hidden, s); break;
-                case 64: attend_f32(qp, kt, vp, len, keys, 4, scale, b, span, o, hidden, s); break;
-                default: attend_f32(qp, kt, vp, len, keys, 8, scale, b, span, o, hidden, s);
+                case 16:
+                    attend_f32(qp, kt, vp, len, keys, 1, scale, b, span, out, o, hidden, bf16, s);
+                    break;
+                case 32:
+                    attend_f32(qp, kt, vp, len, keys, 2, scale, b, span, out, o, hidden, bf16, s);
+                    break;
+                case 64:
+                    attend_f32(qp, kt, vp, len, keys, 4, scale, b, span, out, o, hidden, bf16, s);
+                    break;
+                default:
+                    attend_f32(qp, kt, vp, len, keys, 8, scale, b, span, out, o, hidden, bf16, s);
             }
         }
     }
     unscratch(mem, own * threads);
     free(at);
     return 0;
+}
+
+int vp_attention_f32(const float *q, const float *k, const float *v, const int64_t stride[3],
+                     const int32_t *cu, int64_t seqs, int64_t heads, int64_t dim, float scale,
+                     const float *bias, int64_t span, float *out, int threads) {
+    return attention_f32(q, k, v, stride, cu, seqs, heads, dim, scale, bias, span, 0, out,
+                         threads);
+}
+
+/* A bfloat16 model's attention where the CPU has no AMX (bf16_kernels.py says why). */
+int vp_attention_bf16_f32(const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                          const int64_t stride[3], const int32_t *cu, int64_t seqs, int64_t heads,
+                          int64_t dim, float scale, const float *bias, int64_t span,
+                          uint16_t *out, int threads) {
+    return attention_f32(q, k, v, stride, cu, seqs, heads, dim, scale, bias, span, 1, out,
+                         threads);
 }
 
 static void layer_norm(const float *in, int64_t rows, int64_t n, const float *w, const float *b,

@@ -29,6 +29,7 @@ from vectorpress.backends.common.threads import num_threads
 from vectorpress.backends.torch import backend as backend_module
 from vectorpress.backends.torch import short_kernel
 from vectorpress.backends.torch.backend import TorchBackend
+from vectorpress.backends.torch.cpu_kernels import CpuKernels
 from vectorpress.backends.torch.passes import (
     GRAPH,
     KERNEL,
@@ -281,6 +282,21 @@ def test_the_plan_takes_the_kernel_only_where_it_was_timed_faster(minilm: Path) 
     assert not plan_passes(encoder, spec.position_offset, shortcuts=on(slow)).small_shortcut
 
 
+@needs_onednn
+def test_the_plan_times_native_passes_on_the_compiled_ops(minilm: Path) -> None:
+    # What the passes will call: a bfloat16 pass's attention on a CPU without AMX took 42% of
+    # it on ATen's calls and 17% on the compiled kernel (docs/performance.md).
+    spec = _spec(minilm)
+    encoder = TorchBackend(spec, "cpu", "float32").model.encoder
+    seen: list[int] = []
+
+    def attention(*args: Any, **kwargs: Any) -> None:
+        seen.append(args[3].total)  # then the layer runs its own
+
+    plan_passes(encoder, spec.position_offset, kernels=CpuKernels(attention=attention))
+    assert {16, 256} <= set(seen)
+
+
 @needs_kernel
 def test_the_library_is_built_once_into_the_cache(tmp_path: Path) -> None:
     assert load_library(tmp_path) is not None
@@ -329,7 +345,7 @@ def test_where_the_kernel_builds_the_graph_is_not_exported(
     # (`plan_when_quiet`), so a loaded machine makes two timings of the same offer.
     offered: list[tuple[str, ...]] = []
 
-    def timed(encoder: Any, offset: int, *, shortcuts: tuple[Shortcut, ...]) -> PassPlan:
+    def timed(encoder: Any, offset: int, *, shortcuts: tuple[Shortcut, ...], **_: Any) -> PassPlan:
         offered.append(tuple(s.name for s in shortcuts))
         return ON_KERNEL if KERNEL in offered[-1] else PassPlan(False, False)
 

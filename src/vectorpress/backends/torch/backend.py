@@ -229,6 +229,7 @@ class TorchBackend:
         cast(model, device, torch_dtype)
         plan = PassPlan(small_onednn=False, large_onednn=False)
         shortcuts: tuple[Shortcut, ...] = ()
+        kernels = _cpu_kernels(torch_dtype, cache_dir or build_cache()) if device == "cpu" else NONE
         if int8:
             model.encoder.fuse(False)  # F.linear until quantized below
         elif device == "cpu" and onednn_supported(torch_dtype):
@@ -238,7 +239,9 @@ class TorchBackend:
                 )
             encoder = model.encoder
             plan = plan_when_quiet(
-                lambda: plan_passes(encoder, spec.position_offset, shortcuts=shortcuts)
+                lambda: plan_passes(
+                    encoder, spec.position_offset, shortcuts=shortcuts, kernels=kernels
+                )
             )
             short = "oneDNN" if plan.small_onednn else "F.linear"
             log.info(
@@ -273,7 +276,6 @@ class TorchBackend:
         ]
         self.multi = MultiVectorHeads(spec, device)
         shortcut = next((c.run for c in shortcuts if c.name == plan.small_shortcut), None)
-        kernels = _cpu_kernels(torch_dtype, cache_dir or build_cache()) if device == "cpu" else NONE
         self.passes = CpuPasses(
             INT8_PASS_TOKENS if int8 else CPU_PASS_TOKENS,
             plan,

@@ -142,6 +142,7 @@ def plan_passes(
     position_offset: int,
     *,
     shortcuts: tuple[Shortcut, ...] = (),
+    kernels: CpuKernels = NONE,
     repeats: int = 3,
     budget: float = 0.3,
     margin: float = 0.05,
@@ -170,7 +171,13 @@ def plan_passes(
         seqs = PackedSequences(bounds, max(lengths))
         forward = run or encoder
         times: list[float] = []
-        with torch.inference_mode(), onednn_linears(onednn), num_threads(threads):
+        # The native passes as they will run: on the compiled ops they call where they fit.
+        with (
+            torch.inference_mode(),
+            onednn_linears(onednn),
+            num_threads(threads),
+            cpu_kernels(kernels),
+        ):
             # The first run builds kernels: not counted. A large model stops after one timed
             # run, or planning would hold its start-up for a minute.
             while len(times) < repeats + 1 and (len(times) < 2 or sum(times[1:]) < budget):

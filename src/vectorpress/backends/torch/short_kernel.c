@@ -820,10 +820,11 @@ static inline __attribute__((always_inline)) void pack_f32(
     for (int64_t j0 = 0; j0 < keys; j0 += 16) {
         for (int64_t j = j0; j < j0 + 16; j++)
             for (int64_t c = 0; c < dim; c += 16) {
-                _mm512_storeu_ps(qp + j * dim + c, j < len ? load16(q, at[0] + j * stride[0] + c, bf16)
-                                                          : _mm512_setzero_ps());
-                _mm512_storeu_ps(vp + j * dim + c, j < len ? load16(v, at[2] + j * stride[2] + c, bf16)
-                                                          : _mm512_setzero_ps());
+                const __m512 zero = _mm512_setzero_ps();
+                _mm512_storeu_ps(qp + j * dim + c,
+                                 j < len ? load16(q, at[0] + j * stride[0] + c, bf16) : zero);
+                _mm512_storeu_ps(vp + j * dim + c,
+                                 j < len ? load16(v, at[2] + j * stride[2] + c, bf16) : zero);
             }
         for (int64_t c = 0; c < dim; c += 16) {
             __m512i r[16];

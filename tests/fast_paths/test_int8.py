@@ -10,15 +10,18 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import torch
 from bench.corpus import corpus
 
 from tests.helpers.batches import alone_and_together, assert_quantized_close, pooled
-from tests.helpers.cpu import needs_fbgemm
+from tests.helpers.cpu import needs_fbgemm, needs_kernel
 from tests.helpers.reference import assert_close_vectors, st_encode
 from tests.helpers.server import LiveServer
 from vectorpress.backends.select import select_backend
 from vectorpress.backends.torch.backend import TorchBackend
+from vectorpress.backends.torch.int8 import CompiledScaleRows, scale_rows
 from vectorpress.backends.torch.layers import fused_linears
+from vectorpress.backends.torch.short_kernel import load_library
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import load_model_spec
 from vectorpress.settings import ModelSettings, Settings
@@ -78,3 +81,27 @@ def test_int8_is_refused_where_it_cannot_run(
     spec = load_model_spec(folder, settings.model)
     with pytest.raises(StartupError, match=message):
         select_backend(spec, settings.model)
+
+
+@needs_kernel
+@pytest.mark.parametrize("width", [384, 1536, 100])
+@pytest.mark.parametrize("low", [1.0, 0.3])
+def test_the_compiled_row_scaling_gives_torchs_values(
+    tmp_path: Path, width: int, low: float
+) -> None:
+    lib = load_library(tmp_path)
+    assert lib is not None
+    compiled = CompiledScaleRows(lib)
+    gen = torch.Generator().manual_seed(width)
+    x = torch.randn(333, width, generator=gen) * 3
+    x[5, 7] = 400.0  # an outlier row
+    x[9] = 0.0  # a row of zeros: the scale's floor
+    x[11] = x[11].abs()  # a one-sided row
+    unsmooth = torch.rand(width, generator=gen) + 0.5
+    want_body, got_body = torch.empty_like(x), torch.full_like(x, float("nan"))
+    want = scale_rows(x, unsmooth, low, want_body)
+    got = compiled(x, unsmooth, low, got_body)
+    assert torch.equal(got, want) and torch.equal(got_body, want_body)
+    # A strided input takes torch's ops.
+    strided = x.t().contiguous().t()
+    assert torch.equal(compiled(strided, unsmooth, low, got_body), want)

@@ -31,7 +31,13 @@ from vectorpress.backends.torch.cpu_kernels import NONE, CpuKernels
 from vectorpress.backends.torch.cuda_graphs import POOLED_IN_GRAPHS, CudaGraphs, Replayed
 from vectorpress.backends.torch.f32_kernels import f32_kernels
 from vectorpress.backends.torch.heads import ClassificationHead, MLMHead
-from vectorpress.backends.torch.int8 import INT8_PASS_TOKENS, int8_ready, quantize_linears
+from vectorpress.backends.torch.int8 import (
+    INT8_PASS_TOKENS,
+    CompiledScaleRows,
+    int8_ready,
+    quantize_linears,
+    scale_rows,
+)
 from vectorpress.backends.torch.layers import onednn_supported
 from vectorpress.backends.torch.passes import (
     CPU_PASS_TOKENS,
@@ -49,7 +55,7 @@ from vectorpress.backends.torch.short_graph import (
     graph_candidate,
     short_graph_fits,
 )
-from vectorpress.backends.torch.short_kernel import kernel_candidate
+from vectorpress.backends.torch.short_kernel import kernel_candidate, load_library
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec
 from vectorpress.types import Batch, BatchOutput
@@ -283,7 +289,7 @@ class TorchBackend:
             kernels=kernels,
         )
         if int8:
-            self._quantize()
+            self._quantize(cache_dir or build_cache())
 
     @staticmethod
     def _shortcuts(
@@ -313,10 +319,13 @@ class TorchBackend:
         graph = graph_candidate(spec, parameters, cache_dir)
         return () if graph is None else (Shortcut(GRAPH, graph, (1,)),)
 
-    def _quantize(self) -> None:
-        """Calibrate on the packaged texts through this backend's own passes, then quantize."""
+    def _quantize(self, cache_dir: Path) -> None:
+        """Calibrate on the packaged texts through this backend's own passes, then quantize
+        (each layer's input rows scaled on the compiled kernel where it builds)."""
         batch = calibration_batch(self.spec)
-        worst = quantize_linears(self.model.encoder, lambda: self._encode(batch))
+        lib = load_library(cache_dir)
+        scaler = scale_rows if lib is None else CompiledScaleRows(lib)
+        worst = quantize_linears(self.model.encoder, lambda: self._encode(batch), scaler=scaler)
         log.info(
             "int8: linear layers quantized; lowest cosine to float32 over %d calibration texts "
             "(mean of the last hidden states): %.4f",

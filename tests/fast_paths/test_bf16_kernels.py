@@ -1,5 +1,6 @@
 """The compiled ops of a bfloat16 model's CPU passes (backends/torch/bf16_kernels.py): attention
-on AMX's tiles, and in float32 on the widened rows (CPUs without AMX), against one explicit
+on AMX's tiles, on AVX512-BF16's dot products and in float32 on the widened rows (CPUs without
+AMX), against one explicit
 softmax per sequence (the reference) on every layout the layers hand it, a sequence's values
 independent of its pass, filler rows, a layout too large to keep, the calls it leaves to the
 grouped path; the residual add and LayerNorm against torch's; and a bfloat16 backend that takes
@@ -22,7 +23,12 @@ from tests.helpers.reference import assert_close_vectors
 from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.backends.torch.attention import packed_attention
 from vectorpress.backends.torch.backend import TorchBackend
-from vectorpress.backends.torch.bf16_kernels import AmxAttention, WidenedAttention, bf16_kernels
+from vectorpress.backends.torch.bf16_kernels import (
+    AmxAttention,
+    DotAttention,
+    WidenedAttention,
+    bf16_kernels,
+)
 from vectorpress.backends.torch.compiled_ops import AddNorm, KernelAttention
 from vectorpress.backends.torch.cpu_kernels import NONE, CpuKernels, add_norm, cpu_kernels
 from vectorpress.backends.torch.short_kernel import load_library
@@ -50,24 +56,28 @@ def amx(kernels: CpuKernels) -> AmxAttention:
     return kernels.attention
 
 
-@pytest.fixture(scope="module", params=["amx", "widened"])
+@pytest.fixture(scope="module", params=["amx", "dot", "widened"])
 def kernel(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> KernelAttention:
-    """Each bfloat16 attention kernel: AMX's where the CPU has it, the widened one anywhere."""
+    """Each bfloat16 attention kernel: AMX's where the CPU has it, the dot products' where it
+    has AVX512-BF16, the widened one anywhere."""
     if request.param == "amx":
         found: KernelAttention = request.getfixturevalue("amx")
         return found
-    lib = load_library(tmp_path_factory.mktemp("widened"))
+    if request.param == "dot" and "avx512_bf16" not in cpu_flags():
+        pytest.skip("this CPU has no AVX512-BF16")
+    lib = load_library(tmp_path_factory.mktemp(request.param))
     assert lib is not None
-    return WidenedAttention(lib)
+    return DotAttention(lib) if request.param == "dot" else WidenedAttention(lib)
 
 
 def _tolerance(kernel: KernelAttention) -> dict[str, float]:
     """How far a kernel's output may be from float32 attention on the same bfloat16 rows: AMX's
-    rounds P to bfloat16 as ATen's flash kernel does; the widened one rounds its output only, so
-    within one bfloat16 step (see also the share it rounds to the nearest value)."""
-    if isinstance(kernel, AmxAttention):
+    and the dot products' round P to bfloat16 as ATen's flash kernel does; the widened one rounds
+    its output only, so within one bfloat16 step (see also the share it rounds to the nearest
+    value)."""
+    if isinstance(kernel, (AmxAttention, DotAttention)):
         return {"atol": 1e-2, "rtol": 1.6e-2}
     return {"atol": 2**-20, "rtol": 2**-7}
 
@@ -251,8 +261,15 @@ def test_a_bfloat16_backend_takes_them_and_keeps_its_vectors(minilm: Path) -> No
     backend = TorchBackend(spec, "cpu", "bfloat16")
     kernels = backend.passes.kernels
     assert isinstance(kernels.add_norm, AddNorm)
-    amx = "amx_bf16" in cpu_flags()
-    assert isinstance(kernels.attention, AmxAttention if amx else WidenedAttention)
+    flags = cpu_flags()
+    chosen = (
+        AmxAttention
+        if "amx_bf16" in flags
+        else DotAttention
+        if "avx512_bf16" in flags
+        else WidenedAttention
+    )
+    assert isinstance(kernels.attention, chosen)
     # Longer than the short passes, which run on the short-pass kernel or natively.
     batches = tokenized_batches(minilm, corpus(200, seed=1)[::4], 16)
     on_kernels = pooled(backend, batches)

@@ -13,9 +13,9 @@
 
    The library also holds ops that longer passes call from torch: a float32 model's attention
    (`vp_attention_f32`, f32_kernels.py says why), and a bfloat16 model's attention on AMX
-   (`vp_attention_bf16`) or, without AMX, in float32 on its widened rows
-   (`vp_attention_bf16_f32`), and its residual add with LayerNorm (`vp_add_norm_bf16`,
-   bf16_kernels.py). */
+   (`vp_attention_bf16`) or, without AMX, on AVX512-BF16's dot products
+   (`vp_attention_bf16_dot`) or in float32 on its widened rows (`vp_attention_bf16_f32`), and its
+   residual add with LayerNorm (`vp_add_norm_bf16`, bf16_kernels.py). */
 
 #include <immintrin.h>
 #include <math.h>
@@ -1053,6 +1053,260 @@ int vp_attention_bf16_f32(const uint16_t *q, const uint16_t *k, const uint16_t *
     return attention_f32(q, k, v, stride, cu, seqs, heads, dim, scale, bias, span, 1, out,
                          threads);
 }
+
+/* A bfloat16 model's attention on AVX512-BF16's dot products, where the CPU has them but no AMX
+   (bf16_kernels.py says why). As `attention_f32` is laid out and blocked, but Q K^T and P V
+   each multiply pairs of bfloat16 values into float32 sums (vdpbf16ps: two products a lane,
+   each exact in float32): Q's rows as they are, K^T in blocks of 16 keys by pairs of dimensions,
+   V's rows in pairs; the softmax in float32 as `softmax_f32`, its exponentials rounded to
+   bfloat16 for P V (as ATen's flash kernel and the AMX kernel round them), their sum not. With
+   a bias (`split`), P goes in two bfloat16 parts, its rounding and what the rounding left off,
+   as in `vp_attention_bf16`. */
+#if (defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && __GNUC__ >= 10)
+
+#define BF16DOT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+
+/* One head of a sequence's `len` rows (as `pack_f32` takes them, bfloat16) laid out in pairs
+   of bfloat16 values, `keys` (len rounded up to 16) rows, the rows past len zero: qp
+   [keys][dim / 2] (the rows as they are), kt [keys / 16][dim / 2][16] (K^T by pairs of
+   dimensions, in blocks of 16 keys), vp [keys / 2][dim] (V's rows j and j + 1 side by side). */
+BF16DOT static inline __attribute__((always_inline)) void pack_dot(
+    const uint16_t *q, const uint16_t *k, const uint16_t *v, const int64_t at[3],
+    const int64_t stride[3], int64_t len, int64_t keys, int64_t dim, uint32_t *qp, uint32_t *kt,
+    uint32_t *vp) {
+    const int64_t half = dim / 2;
+    const __mmask16 m = lanes(half);
+    const __m512i zero = _mm512_setzero_si512();
+    for (int64_t j0 = 0; j0 < keys; j0 += 16) {
+        for (int64_t j = j0; j < j0 + 16; j++)
+            for (int64_t c = 0; c < half; c += 16)
+                _mm512_mask_storeu_epi32(
+                    qp + j * half + c, m,
+                    j < len ? _mm512_maskz_loadu_epi32(m, q + at[0] + j * stride[0] + 2 * c)
+                            : zero);
+        for (int64_t j = j0; j < j0 + 16; j += 2)
+            for (int64_t c = 0; c < dim; c += 16) {
+                const uint16_t *r = v + at[2] + j * stride[2] + c;
+                __m512i lo = j < len ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)r))
+                                     : zero;
+                __m512i hi = j + 1 < len ? _mm512_slli_epi32(_mm512_cvtepu16_epi32(
+                                               _mm256_loadu_si256((const void *)(r + stride[2]))),
+                                                             16)
+                                         : zero;
+                _mm512_storeu_si512(vp + j / 2 * dim + c, _mm512_or_si512(lo, hi));
+            }
+        for (int64_t c = 0; c < half; c += 16) {
+            __m512i r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = j0 + i < len ? _mm512_maskz_loadu_epi32(
+                                          m, k + at[1] + (j0 + i) * stride[1] + 2 * c)
+                                    : zero;
+            transpose16(r);
+            uint32_t *to = kt + j0 * half + c * 16;
+            for (int i = 0; i < 16 && c + i < half; i++) _mm512_storeu_si512(to + 16 * i, r[i]);
+        }
+    }
+}
+
+/* As `scores_f32`, on pairs: 4 queries (qp's rows, `half` pairs apart) against nv blocks of 16
+   keys. */
+BF16DOT static inline __attribute__((always_inline)) void scores_dot(const uint32_t *q,
+                                                                     const uint32_t *kt,
+                                                                     int64_t half, const int nv,
+                                                                     float *s, int64_t ld) {
+    __m512 acc[4][4];
+    for (int r = 0; r < 4; r++)
+        for (int n = 0; n < nv; n++) acc[r][n] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < half; d++) {
+        __m512i kv[4];
+        for (int n = 0; n < nv; n++) kv[n] = _mm512_loadu_si512(kt + n * half * 16 + d * 16);
+        for (int r = 0; r < 4; r++) {
+            __m512bh qb = (__m512bh)_mm512_set1_epi32((int)q[r * half + d]);
+            for (int n = 0; n < nv; n++)
+                acc[r][n] = _mm512_dpbf16_ps(acc[r][n], qb, (__m512bh)kv[n]);
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        for (int n = 0; n < nv; n++) _mm512_storeu_ps(s + r * ld + n * 16, acc[r][n]);
+}
+
+/* The bfloat16 parts of 16 float32 values x: x rounded to bfloat16 in *hi, what that left off
+   (x less *hi, itself rounded) in *lo. */
+BF16DOT static inline void parts(__m512 x, __m256i *hi, __m256i *lo) {
+    *hi = (__m256i)_mm512_cvtneps_pbh(x);
+    *lo = (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(x, widened(*hi)));
+}
+
+/* As `softmax_f32`, the exponentials written to p[0..keys) in bfloat16 (zero past len), and
+   where `lo` is not NULL in two parts (p and lo, `parts`); returns their sum in float32. */
+BF16DOT static inline float softmax_dot(float *s, uint16_t *p, uint16_t *lo, const float *add,
+                                        float scale, int64_t len, int64_t keys) {
+    __m512 shift;
+    const __m512 cv = _mm512_set1_ps(row_base2(s, add, scale, len, &shift));
+    int64_t full = len / 16 * 16, j;
+    __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
+    for (j = 0; j + 32 <= full; j += 32) {
+        __m512 e0 = exp2_neg(_mm512_fmsub_ps(_mm512_loadu_ps(s + j), cv, shift));
+        __m512 e1 = exp2_neg(_mm512_fmsub_ps(_mm512_loadu_ps(s + j + 16), cv, shift));
+        sum0 = _mm512_add_ps(sum0, e0);
+        sum1 = _mm512_add_ps(sum1, e1);
+        if (lo) {
+            __m256i h, l;
+            parts(e0, &h, &l);
+            _mm256_storeu_si256((__m256i *)(p + j), h);
+            _mm256_storeu_si256((__m256i *)(lo + j), l);
+            parts(e1, &h, &l);
+            _mm256_storeu_si256((__m256i *)(p + j + 16), h);
+            _mm256_storeu_si256((__m256i *)(lo + j + 16), l);
+        } else {
+            _mm512_storeu_si512(p + j, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+        }
+    }
+    for (; j < keys; j += 16) {
+        __mmask16 m = lanes(len - j);
+        __m512 e = _mm512_maskz_mov_ps(
+            m, exp2_neg(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(m, s + j), cv, shift)));
+        sum0 = _mm512_add_ps(sum0, e);
+        if (lo) {
+            __m256i h, l;
+            parts(e, &h, &l);
+            _mm256_storeu_si256((__m256i *)(p + j), h);
+            _mm256_storeu_si256((__m256i *)(lo + j), l);
+        } else {
+            _mm256_storeu_si256((__m256i *)(p + j), (__m256i)_mm512_cvtneps_pbh(e));
+        }
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
+}
+
+/* As `values_f32`, on pairs: p's rows (`ld` pairs apart; and lo's, P's second parts, where
+   `split`) against `pairs` pairs of V's rows (`ld_v` apart), the output rounded to bfloat16. */
+BF16DOT static inline __attribute__((always_inline)) void values_dot(
+    const uint32_t *p, const uint32_t *lo, const int split, int64_t ld, const uint32_t *v,
+    int64_t ld_v, int64_t pairs, const int rows, const int nv, int valid, const float *inv,
+    uint16_t *out, int64_t at, int64_t ld_out) {
+    __m512 acc[16];
+    for (int i = 0; i < rows * nv; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < pairs; j++) {
+        __m512i vv[2];
+        for (int n = 0; n < nv; n++) vv[n] = _mm512_loadu_si512(v + j * ld_v + n * 16);
+        for (int r = 0; r < rows; r++) {
+            __m512bh pb = (__m512bh)_mm512_set1_epi32((int)p[r * ld + j]);
+            for (int n = 0; n < nv; n++)
+                acc[r * nv + n] = _mm512_dpbf16_ps(acc[r * nv + n], pb, (__m512bh)vv[n]);
+            if (split) {
+                __m512bh lb = (__m512bh)_mm512_set1_epi32((int)lo[r * ld + j]);
+                for (int n = 0; n < nv; n++)
+                    acc[r * nv + n] = _mm512_dpbf16_ps(acc[r * nv + n], lb, (__m512bh)vv[n]);
+            }
+        }
+    }
+    for (int r = 0; r < rows && r < valid; r++) {
+        __m512 f = _mm512_set1_ps(inv[r]);
+        for (int n = 0; n < nv; n++)
+            narrow(out + at + r * ld_out + n * 16, 0xFFFF, _mm512_mul_ps(acc[r * nv + n], f));
+    }
+}
+
+/* One head of one sequence, 16 queries at a time, as `attend_f32`; `s` [16][keys] float32
+   scores, `p` [16][keys] their exponentials in bfloat16 (and `lo` their second parts, or NULL
+   for P in one part). */
+BF16DOT static inline __attribute__((always_inline)) void attend_dot(
+    const uint32_t *q, const uint32_t *kt, const uint32_t *v, int64_t len, int64_t keys,
+    const int nv, float scale, const float *bias, int64_t span, uint16_t *out, int64_t at,
+    int64_t ld_out, float *s, uint16_t *p, uint16_t *lo) {
+    const int64_t dim = nv * 16, half = dim / 2, blocks = keys / 16, pairs = (len + 1) / 2;
+    const int cols = nv < 2 ? nv : 2, rows = 16 / cols;
+    for (int64_t i0 = 0; i0 < len; i0 += 16) {
+        for (int64_t b = 0; b < blocks; b += 4) {
+            const uint32_t *kb = kt + b * 16 * half;
+            for (int r = 0; r < 16; r += 4) {
+                const uint32_t *qr = q + (i0 + r) * half;
+                float *sr = s + r * keys + b * 16;
+                switch (blocks - b) {
+                    case 1: scores_dot(qr, kb, half, 1, sr, keys); break;
+                    case 2: scores_dot(qr, kb, half, 2, sr, keys); break;
+                    case 3: scores_dot(qr, kb, half, 3, sr, keys); break;
+                    default: scores_dot(qr, kb, half, 4, sr, keys);
+                }
+            }
+        }
+        int valid = len - i0 < 16 ? (int)(len - i0) : 16;
+        float inv[16];
+        for (int r = 0; r < valid; r++)
+            inv[r] = 1.0f / softmax_dot(s + r * keys, p + r * keys, lo ? lo + r * keys : 0,
+                                        bias ? bias + (i0 + r) * span : 0, scale, len, keys);
+        for (int r = valid; r < 16; r++) {
+            memset(p + r * keys, 0, 2 * keys);
+            if (lo) memset(lo + r * keys, 0, 2 * keys);
+        }
+        for (int r = 0; r < valid; r += rows)
+            for (int64_t c = 0; c < dim; c += cols * 16) {
+                const uint32_t *pr = (const uint32_t *)(p + r * keys);
+                const uint32_t *lr = lo ? (const uint32_t *)(lo + r * keys) : 0;
+                int64_t o = at + (i0 + r) * ld_out + c;
+                if (lo)
+                    values_dot(pr, lr, 1, keys / 2, v + c, dim, pairs, rows, cols, valid - r,
+                               inv + r, out, o, ld_out);
+                else
+                    values_dot(pr, lr, 0, keys / 2, v + c, dim, pairs, rows, cols, valid - r,
+                               inv + r, out, o, ld_out);
+            }
+    }
+}
+
+/* Arguments as `vp_attention_bf16`'s. */
+BF16DOT int vp_attention_bf16_dot(const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                  const int64_t stride[3], const int32_t *cu, int64_t seqs,
+                                  int64_t heads, int64_t dim, float scale, const float *bias,
+                                  int64_t span, int split, uint16_t *out, int threads) {
+    int64_t longest, *at = laid_out(cu, seqs, 16, &longest);
+    if (!at) return -1;
+    int64_t hidden = heads * dim;
+    /* Each thread's scores [16][longest] (float32) and their exponentials' two parts
+       (bfloat16), then its head's Q, K^T and V [longest][dim / 2] pairs each. */
+    size_t own = ((size_t)(4 * 16 + 2 * 2 * 16 + 3 * 2 * dim) * longest + 63) / 64 * 64;
+    char *mem = scratch(own * threads);
+    if (!mem) {
+        free(at);
+        return -1;
+    }
+#pragma omp parallel num_threads(threads)
+    {
+        float *s = (float *)(mem + own * omp_get_thread_num());
+        uint16_t *p = (uint16_t *)(s + 16 * longest), *lo = split ? p + 16 * longest : 0;
+        uint32_t *qp = (uint32_t *)(p + 2 * 16 * longest), *kt = qp + dim / 2 * longest;
+        uint32_t *vp = kt + dim / 2 * longest;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < seqs * heads; task++) {
+            int64_t i = task / heads, h = task % heads, keys = at[i + 1] - at[i];
+            int64_t start = cu[i], len = cu[i + 1] - start;
+            const int64_t from[3] = {start * stride[0] + h * dim, start * stride[1] + h * dim,
+                                     start * stride[2] + h * dim};
+            pack_dot(q, k, v, from, stride, len, keys, dim, qp, kt, vp);
+            const float *b = bias ? bias + h * span * span : 0;
+            int64_t o = (start * heads + h) * dim;
+            switch (dim) {
+                case 16:
+                    attend_dot(qp, kt, vp, len, keys, 1, scale, b, span, out, o, hidden, s, p, lo);
+                    break;
+                case 32:
+                    attend_dot(qp, kt, vp, len, keys, 2, scale, b, span, out, o, hidden, s, p, lo);
+                    break;
+                case 64:
+                    attend_dot(qp, kt, vp, len, keys, 4, scale, b, span, out, o, hidden, s, p, lo);
+                    break;
+                default:
+                    attend_dot(qp, kt, vp, len, keys, 8, scale, b, span, out, o, hidden, s, p, lo);
+            }
+        }
+    }
+    unscratch(mem, own * threads);
+    free(at);
+    return 0;
+}
+
+#endif
 
 static void layer_norm(const float *in, int64_t rows, int64_t n, const float *w, const float *b,
                        float eps, float *out, int rnd) {

@@ -26,11 +26,13 @@ from vectorpress.backends.torch.backend import TorchBackend
 from vectorpress.backends.torch.bf16_kernels import (
     AmxAttention,
     DotAttention,
+    RoundedAttention,
     WidenedAttention,
     bf16_kernels,
 )
 from vectorpress.backends.torch.compiled_ops import AddNorm, KernelAttention
 from vectorpress.backends.torch.cpu_kernels import NONE, CpuKernels, add_norm, cpu_kernels
+from vectorpress.backends.torch.f32_kernels import FloatAttention
 from vectorpress.backends.torch.short_kernel import load_library
 from vectorpress.cpus import cpu_flags
 from vectorpress.model_spec import load_model_spec
@@ -216,6 +218,36 @@ def _layer_norm(n: int, seed: int = 0) -> nn.LayerNorm:
         norm.weight.copy_(1 + 0.2 * torch.randn(n, generator=gen))
         norm.bias.copy_(0.1 * torch.randn(n, generator=gen))
     return norm
+
+
+@pytest.mark.parametrize("dim", [16, 32, 64, 128])
+def test_an_int8_models_float32_rows_are_rounded_for_the_dot_products(
+    tmp_path_factory: pytest.TempPathFactory, dim: int
+) -> None:
+    """`RoundedAttention` (an int8 model's): its float32 rows rounded to bfloat16 give the dot
+    products' kernel's sums on those rounded rows, written in float32; a call with a score bias
+    goes to the kernel it was given."""
+    if "avx512_bf16" not in cpu_flags():
+        pytest.skip("this CPU has no AVX512-BF16")
+    lib = load_library(tmp_path_factory.mktemp("rounded"))
+    assert lib is not None
+    with_bias = FloatAttention(lib)
+    rounded, dot = RoundedAttention(lib, with_bias), DotAttention(lib)
+    seqs = packed(LENGTHS)
+    gen = torch.Generator().manual_seed(5)
+    # float32 rows between bfloat16's values, in a fused projection's layout.
+    q, k, v = (torch.randn(seqs.total, 3, HEADS, dim, generator=gen) * 2).unbind(1)
+    got = rounded(q, k, v, seqs)
+    assert got is not None and got.dtype == torch.float32
+    want = dot(q.bfloat16(), k.bfloat16(), v.bfloat16(), seqs)
+    assert want is not None
+    assert torch.equal(got.bfloat16(), want)
+    assert not torch.equal(got, got.bfloat16().float()), "the output was rounded"
+    # With a bias: the float32 kernel's call on the float32 rows.
+    bias = relative_bias(HEADS)
+    kept = rounded(q, k, v, seqs, None, bias)
+    assert kept is not None
+    assert torch.equal(kept, with_bias(q, k, v, seqs, None, bias))
 
 
 @pytest.mark.parametrize("n", [384, 100])

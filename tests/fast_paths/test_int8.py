@@ -19,9 +19,12 @@ from tests.helpers.reference import assert_close_vectors, st_encode
 from tests.helpers.server import LiveServer
 from vectorpress.backends.select import select_backend
 from vectorpress.backends.torch.backend import TorchBackend
+from vectorpress.backends.torch.bf16_kernels import RoundedAttention
+from vectorpress.backends.torch.f32_kernels import FloatAttention
 from vectorpress.backends.torch.int8 import CompiledScaleRows, scale_rows
 from vectorpress.backends.torch.layers import fused_linears
 from vectorpress.backends.torch.short_kernel import load_library
+from vectorpress.cpus import cpu_flags
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import load_model_spec
 from vectorpress.settings import ModelSettings, Settings
@@ -43,6 +46,19 @@ def test_int8_within_099_of_float32_on_every_corpus_text(
     linears = fused_linears(int8_minilm.model.encoder)
     assert len(linears) == 24 and all(lin.int8 is not None for lin in linears)
     assert_quantized_close(got, want, "int8 vs fp32")
+
+
+@needs_fbgemm
+@needs_kernel
+def test_int8_attention_runs_on_the_dot_products_where_the_cpu_has_them(
+    int8_minilm: TorchBackend,
+) -> None:
+    attention = int8_minilm.passes.kernels.attention
+    dot = "avx512_bf16" in cpu_flags()
+    assert isinstance(attention, RoundedAttention if dot else FloatAttention)
+    if dot:
+        assert isinstance(attention, RoundedAttention)
+        assert isinstance(attention.with_bias, FloatAttention)
 
 
 @needs_fbgemm

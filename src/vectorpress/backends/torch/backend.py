@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from pathlib import Path
@@ -25,7 +26,7 @@ from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.backends.common.threads import num_threads
 from vectorpress.backends.preemption import add_layer_points
 from vectorpress.backends.torch.attention import varlen_usable
-from vectorpress.backends.torch.bf16_kernels import bf16_kernels
+from vectorpress.backends.torch.bf16_kernels import bf16_kernels, rounded_attention
 from vectorpress.backends.torch.blocks import FusedModel
 from vectorpress.backends.torch.cpu_kernels import NONE, CpuKernels
 from vectorpress.backends.torch.cuda_graphs import POOLED_IN_GRAPHS, CudaGraphs, Replayed
@@ -183,11 +184,19 @@ def load_head(spec: ModelSpec) -> nn.Module:
     return head
 
 
-def _cpu_kernels(dtype: torch.dtype, cache_dir: Path) -> CpuKernels:
-    """The compiled ops this dtype's CPU passes call where they fit."""
+def _cpu_kernels(dtype: torch.dtype, cache_dir: Path, int8: bool = False) -> CpuKernels:
+    """The compiled ops this dtype's CPU passes call where they fit; an int8 model's attention
+    on AVX512-BF16's dot products where the CPU has them (`int8.py`)."""
     if dtype == torch.bfloat16:
         return bf16_kernels(dtype, cache_dir)
-    return f32_kernels(dtype, cache_dir)
+    kernels = f32_kernels(dtype, cache_dir)
+    rounded = (
+        rounded_attention(cache_dir, kernels.attention) if int8 and kernels is not NONE else None
+    )
+    if rounded is None:
+        return kernels
+    log.info("int8 passes: attention on AVX512-BF16's dot products, its rows rounded to bfloat16")
+    return dataclasses.replace(kernels, attention=rounded)
 
 
 def _threads(n: int) -> str:
@@ -235,7 +244,9 @@ class TorchBackend:
         cast(model, device, torch_dtype)
         plan = PassPlan(small_onednn=False, large_onednn=False)
         shortcuts: tuple[Shortcut, ...] = ()
-        kernels = _cpu_kernels(torch_dtype, cache_dir or build_cache()) if device == "cpu" else NONE
+        kernels = (
+            _cpu_kernels(torch_dtype, cache_dir or build_cache(), int8) if device == "cpu" else NONE
+        )
         if int8:
             model.encoder.fuse(False)  # F.linear until quantized below
         elif device == "cpu" and onednn_supported(torch_dtype):

@@ -65,8 +65,10 @@ from pathlib import Path
 
 import torch
 
+from vectorpress.backends.common.sequences import PackedSequences
+from vectorpress.backends.torch.attention import ScoreBias
 from vectorpress.backends.torch.compiled_ops import AddNorm, KernelAttention
-from vectorpress.backends.torch.cpu_kernels import NONE, CpuKernels
+from vectorpress.backends.torch.cpu_kernels import NONE, AttentionKernel, CpuKernels
 from vectorpress.backends.torch.short_kernel import amx_ready, load_library
 from vectorpress.cpus import cpu_flags
 
@@ -123,10 +125,61 @@ class DotAttention(KernelAttention):
         return (int(table is not None),)
 
 
+class RoundedAttention(KernelAttention):
+    """An int8 model's attention on AVX512-BF16's dot products: its float32 rows rounded to
+    bfloat16 as they are laid out, the output float32 (`int8.py` says why); a call with a score
+    bias (MPNet's) goes to `with_bias`, on float32 rows."""
+
+    dtype = torch.float32
+    head_dims = (16, 32, 64, 128)
+    key_block = 16
+    # As the float32 kernel's (`f32_kernels.FloatAttention`): a pass of many very short texts
+    # goes to ATen's float32 calls.
+    max_layout_over_rows = 4
+    function = "vp_attention_f32_dot"
+    options = (ctypes.c_int,)  # split: never, calls with a bias go elsewhere
+
+    def __init__(self, lib: ctypes.CDLL, with_bias: AttentionKernel | None) -> None:
+        super().__init__(lib)
+        self.with_bias = with_bias
+
+    def _options(self, table: torch.Tensor | None) -> tuple[int, ...]:
+        return (0,)
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        seqs: PackedSequences,
+        scale: float | None = None,
+        bias: ScoreBias | None = None,
+    ) -> torch.Tensor | None:
+        if bias is not None:
+            # all-mpnet-base-v2's int8 vectors fell to cosine 0.98886 to float32 on the corpus
+            # with its rows rounded (0.99129 on float32 rows; the bound is 0.99).
+            return None if self.with_bias is None else self.with_bias(q, k, v, seqs, scale, bias)
+        return super().__call__(q, k, v, seqs, scale)
+
+
+def rounded_attention(
+    cache_dir: Path, with_bias: AttentionKernel | None
+) -> RoundedAttention | None:
+    """`RoundedAttention` where the CPU has AVX512-BF16 and the kernel builds, else None."""
+    lib = load_library(cache_dir)
+    if lib is None or not _has_dot_kernel(lib):
+        return None
+    return RoundedAttention(lib, with_bias)
+
+
 def _has_dot_kernel(lib: ctypes.CDLL) -> bool:
     """Whether this CPU has AVX512-BF16 and the library its kernel (a compiler from before
     AVX512-BF16 builds the rest without it)."""
-    return "avx512_bf16" in cpu_flags() and hasattr(lib, DotAttention.function)
+    return (
+        "avx512_bf16" in cpu_flags()
+        and hasattr(lib, DotAttention.function)
+        and hasattr(lib, RoundedAttention.function)
+    )
 
 
 def bf16_kernels(dtype: torch.dtype, cache_dir: Path) -> CpuKernels:

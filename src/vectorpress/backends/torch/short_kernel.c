@@ -15,7 +15,8 @@
    (`vp_attention_f32`, f32_kernels.py says why), and a bfloat16 model's attention on AMX
    (`vp_attention_bf16`) or, without AMX, on AVX512-BF16's dot products
    (`vp_attention_bf16_dot`) or in float32 on its widened rows (`vp_attention_bf16_f32`), and its
-   residual add with LayerNorm (`vp_add_norm_bf16`, bf16_kernels.py). */
+   residual add with LayerNorm (`vp_add_norm_bf16`, bf16_kernels.py); an int8 model's attention
+   on the dot products, its float32 rows rounded (`vp_attention_f32_dot`, int8.py). */
 
 #include <immintrin.h>
 #include <math.h>
@@ -1061,18 +1062,39 @@ int vp_attention_bf16_f32(const uint16_t *q, const uint16_t *k, const uint16_t *
    V's rows in pairs; the softmax in float32 as `softmax_f32`, its exponentials rounded to
    bfloat16 for P V (as ATen's flash kernel and the AMX kernel round them), their sum not. With
    a bias (`split`), P goes in two bfloat16 parts, its rounding and what the rounding left off,
-   as in `vp_attention_bf16`. */
+   as in `vp_attention_bf16`. It also takes float32 rows (`f32`: an int8 model's), rounded to
+   bfloat16 as they are laid out, and writes float32 out. */
 #if (defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && __GNUC__ >= 10)
 
 #define BF16DOT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
-/* One head of a sequence's `len` rows (as `pack_f32` takes them, bfloat16) laid out in pairs
-   of bfloat16 values, `keys` (len rounded up to 16) rows, the rows past len zero: qp
-   [keys][dim / 2] (the rows as they are), kt [keys / 16][dim / 2][16] (K^T by pairs of
-   dimensions, in blocks of 16 keys), vp [keys / 2][dim] (V's rows j and j + 1 side by side). */
+/* The pairs of a row's values from element `at`, `m` lanes of them (16, or 8 for heads of 16):
+   bfloat16 as they are, or float32 (`f32`) rounded to bfloat16. */
+BF16DOT static inline __attribute__((always_inline)) __m512i pairs_at(const void *p, int64_t at,
+                                                                      __mmask16 m,
+                                                                      const int f32) {
+    if (!f32) return _mm512_maskz_loadu_epi32(m, (const uint16_t *)p + at);
+    const float *x = (const float *)p + at;
+    __m512 hi = m == 0xFFFF ? _mm512_loadu_ps(x + 16) : _mm512_setzero_ps();
+    return (__m512i)_mm512_cvtne2ps_pbh(hi, _mm512_loadu_ps(x));
+}
+
+/* 16 of a row's values from element `at` as bfloat16 in the low half of each 32-bit lane. */
+BF16DOT static inline __attribute__((always_inline)) __m512i halves_at(const void *p, int64_t at,
+                                                                       const int f32) {
+    __m256i h = f32 ? (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps((const float *)p + at))
+                    : _mm256_loadu_si256((const void *)((const uint16_t *)p + at));
+    return _mm512_cvtepu16_epi32(h);
+}
+
+/* One head of a sequence's `len` rows (as `pack_f32` takes them, bfloat16, or float32 where
+   `f32`) laid out in pairs of bfloat16 values, `keys` (len rounded up to 16) rows, the rows past
+   len zero: qp [keys][dim / 2] (the rows as they are), kt [keys / 16][dim / 2][16] (K^T by pairs
+   of dimensions, in blocks of 16 keys), vp [keys / 2][dim] (V's rows j and j + 1 side by
+   side). */
 BF16DOT static inline __attribute__((always_inline)) void pack_dot(
-    const uint16_t *q, const uint16_t *k, const uint16_t *v, const int64_t at[3],
-    const int64_t stride[3], int64_t len, int64_t keys, int64_t dim, uint32_t *qp, uint32_t *kt,
+    const void *q, const void *k, const void *v, const int64_t at[3], const int64_t stride[3],
+    int64_t len, int64_t keys, int64_t dim, const int f32, uint32_t *qp, uint32_t *kt,
     uint32_t *vp) {
     const int64_t half = dim / 2;
     const __mmask16 m = lanes(half);
@@ -1082,24 +1104,19 @@ BF16DOT static inline __attribute__((always_inline)) void pack_dot(
             for (int64_t c = 0; c < half; c += 16)
                 _mm512_mask_storeu_epi32(
                     qp + j * half + c, m,
-                    j < len ? _mm512_maskz_loadu_epi32(m, q + at[0] + j * stride[0] + 2 * c)
-                            : zero);
+                    j < len ? pairs_at(q, at[0] + j * stride[0] + 2 * c, m, f32) : zero);
         for (int64_t j = j0; j < j0 + 16; j += 2)
             for (int64_t c = 0; c < dim; c += 16) {
-                const uint16_t *r = v + at[2] + j * stride[2] + c;
-                __m512i lo = j < len ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)r))
-                                     : zero;
-                __m512i hi = j + 1 < len ? _mm512_slli_epi32(_mm512_cvtepu16_epi32(
-                                               _mm256_loadu_si256((const void *)(r + stride[2]))),
-                                                             16)
-                                         : zero;
+                int64_t r = at[2] + j * stride[2] + c;
+                __m512i lo = j < len ? halves_at(v, r, f32) : zero;
+                __m512i hi =
+                    j + 1 < len ? _mm512_slli_epi32(halves_at(v, r + stride[2], f32), 16) : zero;
                 _mm512_storeu_si512(vp + j / 2 * dim + c, _mm512_or_si512(lo, hi));
             }
         for (int64_t c = 0; c < half; c += 16) {
             __m512i r[16];
             for (int i = 0; i < 16; i++)
-                r[i] = j0 + i < len ? _mm512_maskz_loadu_epi32(
-                                          m, k + at[1] + (j0 + i) * stride[1] + 2 * c)
+                r[i] = j0 + i < len ? pairs_at(k, at[1] + (j0 + i) * stride[1] + 2 * c, m, f32)
                                     : zero;
             transpose16(r);
             uint32_t *to = kt + j0 * half + c * 16;
@@ -1180,11 +1197,12 @@ BF16DOT static inline float softmax_dot(float *s, uint16_t *p, uint16_t *lo, con
 }
 
 /* As `values_f32`, on pairs: p's rows (`ld` pairs apart; and lo's, P's second parts, where
-   `split`) against `pairs` pairs of V's rows (`ld_v` apart), the output rounded to bfloat16. */
+   `split`) against `pairs` pairs of V's rows (`ld_v` apart), the output rounded to bfloat16 (or
+   float32 where `f32`). */
 BF16DOT static inline __attribute__((always_inline)) void values_dot(
     const uint32_t *p, const uint32_t *lo, const int split, int64_t ld, const uint32_t *v,
     int64_t ld_v, int64_t pairs, const int rows, const int nv, int valid, const float *inv,
-    uint16_t *out, int64_t at, int64_t ld_out) {
+    void *out, int64_t at, int64_t ld_out, const int f32) {
     __m512 acc[16];
     for (int i = 0; i < rows * nv; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t j = 0; j < pairs; j++) {
@@ -1204,7 +1222,7 @@ BF16DOT static inline __attribute__((always_inline)) void values_dot(
     for (int r = 0; r < rows && r < valid; r++) {
         __m512 f = _mm512_set1_ps(inv[r]);
         for (int n = 0; n < nv; n++)
-            narrow(out + at + r * ld_out + n * 16, 0xFFFF, _mm512_mul_ps(acc[r * nv + n], f));
+            store16(out, at + r * ld_out + n * 16, _mm512_mul_ps(acc[r * nv + n], f), !f32);
     }
 }
 
@@ -1213,8 +1231,8 @@ BF16DOT static inline __attribute__((always_inline)) void values_dot(
    for P in one part). */
 BF16DOT static inline __attribute__((always_inline)) void attend_dot(
     const uint32_t *q, const uint32_t *kt, const uint32_t *v, int64_t len, int64_t keys,
-    const int nv, float scale, const float *bias, int64_t span, uint16_t *out, int64_t at,
-    int64_t ld_out, float *s, uint16_t *p, uint16_t *lo) {
+    const int nv, float scale, const float *bias, int64_t span, void *out, int64_t at,
+    int64_t ld_out, const int f32, float *s, uint16_t *p, uint16_t *lo) {
     const int64_t dim = nv * 16, half = dim / 2, blocks = keys / 16, pairs = (len + 1) / 2;
     const int cols = nv < 2 ? nv : 2, rows = 16 / cols;
     for (int64_t i0 = 0; i0 < len; i0 += 16) {
@@ -1247,19 +1265,19 @@ BF16DOT static inline __attribute__((always_inline)) void attend_dot(
                 int64_t o = at + (i0 + r) * ld_out + c;
                 if (lo)
                     values_dot(pr, lr, 1, keys / 2, v + c, dim, pairs, rows, cols, valid - r,
-                               inv + r, out, o, ld_out);
+                               inv + r, out, o, ld_out, f32);
                 else
                     values_dot(pr, lr, 0, keys / 2, v + c, dim, pairs, rows, cols, valid - r,
-                               inv + r, out, o, ld_out);
+                               inv + r, out, o, ld_out, f32);
             }
     }
 }
 
-/* Arguments as `vp_attention_bf16`'s. */
-BF16DOT int vp_attention_bf16_dot(const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                                  const int64_t stride[3], const int32_t *cu, int64_t seqs,
-                                  int64_t heads, int64_t dim, float scale, const float *bias,
-                                  int64_t span, int split, uint16_t *out, int threads) {
+/* Arguments as `vp_attention_bf16`'s; q, k, v and out float32 where `f32`. */
+BF16DOT static inline __attribute__((always_inline)) int attention_dot(
+    const void *q, const void *k, const void *v, const int64_t stride[3], const int32_t *cu,
+    int64_t seqs, int64_t heads, int64_t dim, float scale, const float *bias, int64_t span,
+    int split, const int f32, void *out, int threads) {
     int64_t longest, *at = laid_out(cu, seqs, 16, &longest);
     if (!at) return -1;
     int64_t hidden = heads * dim;
@@ -1283,27 +1301,48 @@ BF16DOT int vp_attention_bf16_dot(const uint16_t *q, const uint16_t *k, const ui
             int64_t start = cu[i], len = cu[i + 1] - start;
             const int64_t from[3] = {start * stride[0] + h * dim, start * stride[1] + h * dim,
                                      start * stride[2] + h * dim};
-            pack_dot(q, k, v, from, stride, len, keys, dim, qp, kt, vp);
+            pack_dot(q, k, v, from, stride, len, keys, dim, f32, qp, kt, vp);
             const float *b = bias ? bias + h * span * span : 0;
             int64_t o = (start * heads + h) * dim;
             switch (dim) {
                 case 16:
-                    attend_dot(qp, kt, vp, len, keys, 1, scale, b, span, out, o, hidden, s, p, lo);
+                    attend_dot(qp, kt, vp, len, keys, 1, scale, b, span, out, o, hidden, f32, s,
+                               p, lo);
                     break;
                 case 32:
-                    attend_dot(qp, kt, vp, len, keys, 2, scale, b, span, out, o, hidden, s, p, lo);
+                    attend_dot(qp, kt, vp, len, keys, 2, scale, b, span, out, o, hidden, f32, s,
+                               p, lo);
                     break;
                 case 64:
-                    attend_dot(qp, kt, vp, len, keys, 4, scale, b, span, out, o, hidden, s, p, lo);
+                    attend_dot(qp, kt, vp, len, keys, 4, scale, b, span, out, o, hidden, f32, s,
+                               p, lo);
                     break;
                 default:
-                    attend_dot(qp, kt, vp, len, keys, 8, scale, b, span, out, o, hidden, s, p, lo);
+                    attend_dot(qp, kt, vp, len, keys, 8, scale, b, span, out, o, hidden, f32, s,
+                               p, lo);
             }
         }
     }
     unscratch(mem, own * threads);
     free(at);
     return 0;
+}
+
+BF16DOT int vp_attention_bf16_dot(const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                  const int64_t stride[3], const int32_t *cu, int64_t seqs,
+                                  int64_t heads, int64_t dim, float scale, const float *bias,
+                                  int64_t span, int split, uint16_t *out, int threads) {
+    return attention_dot(q, k, v, stride, cu, seqs, heads, dim, scale, bias, span, split, 0, out,
+                         threads);
+}
+
+/* An int8 model's attention on its float32 rows (int8.py says why). */
+BF16DOT int vp_attention_f32_dot(const float *q, const float *k, const float *v,
+                                 const int64_t stride[3], const int32_t *cu, int64_t seqs,
+                                 int64_t heads, int64_t dim, float scale, const float *bias,
+                                 int64_t span, int split, float *out, int threads) {
+    return attention_dot(q, k, v, stride, cu, seqs, heads, dim, scale, bias, span, split, 1, out,
+                         threads);
 }
 
 #endif

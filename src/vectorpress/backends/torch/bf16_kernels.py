@@ -22,7 +22,8 @@ the corpus's 600 texts in batches of 32 (the Zen 5, 12 heads): 36 against 50 ms 
 kernel. MiniLM's pass in-process (600 texts, three alternated rounds) 32,521-33,515 tokens/s
 against 29,307-30,529, again 33,945-34,176 against 31,970-32,549, lowest cosine to float32 over
 the 1,200 corpus texts 0.99989 against 0.99991; all-mpnet-base-v2 (150 texts) 4,639-4,712 against
-4,560-4,612, lowest over its 300 0.99991 both.
+4,560-4,612, lowest over its 300 0.99967 against 0.99991 (one 384-token text whose cosine moves
+with any rounding-level change; with P in one part it read 0.99994, docs/performance.md).
 
 A bfloat16 pass on AMX spends more of its time outside the GEMMs than in them: in
 all-MiniLM-L6-v2's pass (600 corpus texts in batches of 32, torch's profiler, the AMX Xeon)

@@ -654,6 +654,25 @@ def widen(row: str) -> str:
 # ---------------------------------------------------------------- plot
 
 
+def line_styles(names: list[str]) -> list[dict[str, Any]]:
+    """Each method's line: a colour of its own (matplotlib's default cycle has 10, and a full
+    run plots 11 methods: two shared a colour), solid for vectorpress, dashed for its peers."""
+    import matplotlib
+
+    colours = matplotlib.colormaps["tab20"].colors
+    # The dark half of tab20 first, then the light one.
+    order = [*colours[0::2], *colours[1::2]]
+    return [
+        {
+            "marker": "o",
+            "label": name,
+            "color": order[i % len(order)],
+            "linestyle": "-" if name.startswith("vectorpress") else "--",
+        }
+        for i, name in enumerate(names)
+    ]
+
+
 def plot(suite: Suite, path: Path) -> None:
     import matplotlib
 
@@ -663,12 +682,11 @@ def plot(suite: Suite, path: Path) -> None:
     st = next(r for r in suite.results if r.name.startswith("sentence-transformers"))
     sweep = suite.sweep
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for r in suite.results:
+    plotted = [r for r in suite.results if any(f"1x{c}" in r.load for c in sweep)]
+    for r, style in zip(plotted, line_styles([r.name for r in plotted]), strict=True):
         xs = [c for c in sweep if f"1x{c}" in r.load]
-        if not xs:
-            continue
-        ax1.plot(xs, [r.load[f"1x{c}"]["tokens_per_s"] for c in xs], marker="o", label=r.name)
-        ax2.plot(xs, [r.load[f"1x{c}"]["p99_ms"] for c in xs], marker="o", label=r.name)
+        ax1.plot(xs, [r.load[f"1x{c}"]["tokens_per_s"] for c in xs], **style)
+        ax2.plot(xs, [r.load[f"1x{c}"]["p99_ms"] for c in xs], **style)
     ax1.axhline(figure(st, "encode32"), color="grey", linestyle="--",
                 label="sentence-transformers encode")  # fmt: skip
     ax1.set(xscale="log", xlabel="one-text requests in flight", ylabel="tokens/s",

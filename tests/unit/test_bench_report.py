@@ -14,6 +14,7 @@ from bench.report import (
     append_history,
     auto_lines,
     history_rows,
+    line_styles,
     targets,
     widen,
 )
@@ -318,3 +319,11 @@ def test_the_auto_table_flags_a_bf16_pick_the_corpus_does_not_hold() -> None:
     checks[1]["picks"] = "bfloat16"  # a rule that let OpenVINO's bf16 through
     assert "| **no** |" in auto_lines(checks, [results])[-2]
     assert auto_lines([], [results]) == []
+
+
+def test_each_plotted_method_gets_a_colour_of_its_own() -> None:
+    names = [f"vectorpress m{i}" for i in range(9)] + ["Infinity torch", "Infinity optimum"]
+    styles = line_styles(names)
+    assert [s["label"] for s in styles] == names
+    assert len({s["color"] for s in styles}) == len(names)
+    assert [s["linestyle"] for s in styles] == ["-"] * 9 + ["--"] * 2

@@ -45,6 +45,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 from typing import Protocol, TypeGuard, runtime_checkable
 
@@ -137,7 +138,10 @@ def _library_path(cache_dir: Path, compiler: str) -> Path:
 
 
 def load_library(cache_dir: Path) -> ctypes.CDLL | None:
-    """The compiled kernel (compiled here on first use), or None (logged) where it cannot run."""
+    """The compiled kernel (compiled here on first use), or None (logged) where it cannot run.
+    Loaded once per process, cache folder and compiler: a model's kernels, int8's row scaling
+    and the short-pass kernel share one handle (each load had run the compiler once more for
+    its version)."""
     if portable_cpu() or torch.backends.cpu.get_cpu_capability() != "AVX512":
         return None
     if not _torch_openmp_is_libgomp():
@@ -147,6 +151,22 @@ def load_library(cache_dir: Path) -> ctypes.CDLL | None:
     if compiler is None:
         log.info("the short-pass kernel is not built: no C compiler (set CC)")
         return None
+    key = (cache_dir, compiler)
+    with _loading:
+        lib = _loaded.get(key)
+        if lib is None:
+            lib = _build_and_load(cache_dir, compiler)
+            if lib is not None:
+                _loaded[key] = lib
+    return lib
+
+
+_loaded: dict[tuple[Path, str], ctypes.CDLL] = {}
+_loading = threading.Lock()
+
+
+def _build_and_load(cache_dir: Path, compiler: str) -> ctypes.CDLL | None:
+    """The library built into `cache_dir` where it is not there yet, then loaded."""
     try:
         path = _library_path(cache_dir, compiler)
         if not path.exists():

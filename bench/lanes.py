@@ -188,7 +188,7 @@ def ms(v: float) -> str:
 
 
 #: The single part's servers, as --variants names them.
-VARIANTS = ("preempt", "units", "fifo")
+VARIANTS = ("preempt", "units", "fifo", "one-runner")
 
 
 def part_single(
@@ -209,6 +209,7 @@ def part_single(
         ("lanes, preemption between layers", [], {}, here),
         ("lanes, bulk units only", ["--preemption", "false"], {}, here),
         ("query sent as bulk (FIFO)", [], {"priority": "bulk"}, here),
+        ("lanes, preemption, one unit at a time", ["--device-runners", "1"], {}, here),
     ]
     variants = [v for key, v in zip(VARIANTS, variants, strict=True) if key in chosen]
     if baseline is not None:
@@ -352,7 +353,7 @@ def main() -> None:
     parser.add_argument(
         "--variants",
         default=",".join(VARIANTS),
-        help="the single part's servers: preempt,units,fifo",
+        help="the single part's servers: preempt,units,fifo,one-runner",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "lanes.md")
     parser.add_argument(
@@ -360,6 +361,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
+    sys.path.insert(0, str(ROOT))  # `bench.tokens`, run as a script from anywhere
     from bench.tokens import packaged_model
 
     model = str(packaged_model())

@@ -249,6 +249,13 @@ _FLAGS: list[tuple[str, str, Callable[[str], Any] | type[bool] | None, Any, str]
         True,
         "Run waiting interactive work between the layers of a bulk batch",
     ),
+    (
+        "--device-runners",
+        "DEVICE_RUNNERS",
+        _int,
+        0,
+        "Units run side by side on the CPU, each on a share of its threads (0: auto, 1: off)",
+    ),
 ]
 
 

@@ -84,6 +84,10 @@ class ServerSettings:
     default."""
     preemption: bool = True
     """Run waiting interactive work between the layers of a bulk batch (torch backends)."""
+    device_runners: int = 0
+    """Units run side by side on the CPU, each on its share of the intra-op threads, where
+    every model's backend can (the torch backend on the CPU; `core/scheduler.py`); 0: two where
+    the process has two threads or more, 1: one unit at a time."""
 
     def __post_init__(self) -> None:
         _positive(
@@ -103,6 +107,10 @@ class ServerSettings:
         ):
             if port is not None and not 0 <= port <= 65535:
                 raise StartupError(f"--{name} must be between 0 and 65535, got {port}")
+        if self.device_runners < 0:
+            raise StartupError(
+                f"--device-runners must be 0 (auto) or more, got {self.device_runners}"
+            )
 
     def redacted(self) -> dict[str, object]:
         return _redacted(self)

@@ -34,6 +34,8 @@ class FaultyBackend:
         self.device = inner.device
         self.is_padded = inner.is_padded
         self.max_batch_size = inner.max_batch_size
+        # Its faults and records assume one batch at a time.
+        self.concurrent_passes = False
         self.fail_if: Callable[[Batch], bool] | None = None
         self.oom_above: int | None = None
         self.kill_next = False

@@ -73,6 +73,7 @@ def test_environment_variables_and_flags() -> None:
         (["--dtype", "float8"], "dtype"),
         (["--pooling", "max"], "pooling"),
         (["--default-prompt", "a", "--default-prompt-name", "b"], "default-prompt"),
+        (["--device-runners", "-1"], "device-runners"),
     ],
 )
 def test_invalid_values_raise_one_line(args: list[str], needle: str) -> None:

@@ -61,6 +61,11 @@ class BatchingQueue:
     def waiting(self, lane: Lane) -> int:
         return len(self._lanes[lane])
 
+    def waiting_tokens(self, lane: Lane) -> int:
+        """The tokens of the lane's entries (abandoned ones included). Called with the lock
+        held."""
+        return sum(len(e.encoding) for e in self._lanes[lane])
+
     @property
     def closed(self) -> bool:
         return self._closed

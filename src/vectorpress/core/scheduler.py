@@ -14,6 +14,16 @@ Bulk batches run in units of at most a model's `pass_tokens`, so the device can 
 them; and while a bulk unit runs, the backend's preemption points (between layers) run waiting
 interactive work on the spot (`backends/preemption.py`), so a query waits for one layer of a
 pass, not for the whole batch.
+
+With `runners` > 1 (backends that can run passes side by side: the torch backend on the CPU),
+more units than one run at once when more work waits: the device thread and `runners - 1`
+helper threads each take the next unit and run it on its share of the intra-op threads. On two
+cores one OpenMP team of two threads waits at every op's barrier for a thread that the event
+loop, the tokenizer or the client has preempted, so the server's own few percent of the CPU
+cost the pass two to three times as much; two units on one thread each share no barrier, and a
+preempted one loses only its own time. A unit that finds nothing else waiting and no other
+runner busy runs on every thread, as with one runner, and the helpers wait for it: one request
+in flight is not halved.
 """
 
 from __future__ import annotations
@@ -26,7 +36,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import torch
+
 from vectorpress.backends import preemption
+from vectorpress.backends.common.threads import num_threads
 from vectorpress.core import giveway
 from vectorpress.core.queue import Lane, fail_entries
 from vectorpress.errors import UnhealthyError
@@ -42,6 +55,11 @@ R = TypeVar("R")
 #: Interactive tokens run back to back while bulk work waits before a bulk unit goes: a query
 #: flood then leaves bulk at least one unit in every few.
 INTERACTIVE_BURST_TOKENS = 8192
+
+
+#: Waiting work of fewer tokens goes to one runner, wide, even while others are free: short
+#: passes gain little from being cut.
+SPLIT_MIN_TOKENS = 512
 
 
 @dataclass
@@ -67,6 +85,17 @@ class _Call:
     future: Future[Any] = field(default_factory=Future)
 
 
+class _RunnerState(threading.local):
+    """What one runner (the device thread, a helper) is doing."""
+
+    in_bulk = False
+    nested = False
+    wide = True
+    threads = 0
+    """The intra-op threads of its unit (0: none running)."""
+    preempted_s = 0.0
+
+
 class Scheduler:
     """Owns the device thread; every model's `BackendWorker` is added to it."""
 
@@ -76,6 +105,7 @@ class Scheduler:
         *,
         preempt: bool = True,
         interactive_burst_tokens: int = INTERACTIVE_BURST_TOKENS,
+        runners: int = 1,
     ) -> None:
         from vectorpress.core.heap import HeapTrimmer
         from vectorpress.core.worker import ModelThread
@@ -87,8 +117,16 @@ class Scheduler:
         self.cond = threading.Condition()
         self.alive = True
         """False once the device thread has died: every queue then refuses new work."""
-        self.preempted_s = 0.0
-        """Seconds spent in interactive work run inside bulk units (taken off their timings)."""
+        self.runners = max(1, runners)
+        """Threads that run units (the device thread and helpers), where every model allows."""
+        self._local = _RunnerState()
+        self._helpers: list[threading.Thread] = []
+        self._busy = 0
+        """Runners in a unit or a call now (lock held)."""
+        self._wide = False
+        """A unit or call runs on every intra-op thread: no helper starts one (lock held)."""
+        self._threads = 1
+        """The intra-op threads of the device thread, read when its loop starts."""
         self._workers: list[BackendWorker] = []
         self._flows: dict[tuple[int, Lane], _Flow] = {}
         self._clock = {lane: 0.0 for lane in Lane}
@@ -96,8 +134,6 @@ class Scheduler:
         self._running: Future[None] | None = None
         self._stopping = False
         self._streak = 0
-        self._in_bulk = False
-        self._nested = False
         self._units: list[_Unit] = []
         """Units taken off the queues and not yet resolved (a bulk one and those inside it)."""
         self._trimmer = HeapTrimmer()
@@ -114,8 +150,19 @@ class Scheduler:
             for lane in Lane:
                 self._flows[(id(worker), lane)] = _Flow(worker, lane, self._clock[lane])
             start = self._running is None
+            # Helpers only for a model that can use them: otherwise each would wake for
+            # nothing at every change of the queues.
+            new: list[threading.Thread] = []
+            if worker.concurrent and not self._helpers:
+                new = [
+                    threading.Thread(target=self._helper, name=f"vp-runner-{i}", daemon=True)
+                    for i in range(1, self.runners)
+                ]
+                self._helpers.extend(new)
         if start:
             self._running = self.thread.submit(self._main)
+        for helper in new:
+            helper.start()
 
     def call(self, fn: Callable[[], R]) -> R:
         """Run `fn` on the device thread (loading, warm-up) and wait for its result; once
@@ -134,18 +181,21 @@ class Scheduler:
         return result
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Close every model's queue, run what is queued, then end the thread."""
+        """Close every model's queue, run what is queued, then end the threads."""
         for worker in list(self._workers):
             worker.queue.close()
         with self.cond:
             self._stopping = True
             self.cond.notify_all()
             running = self._running
+        deadline = time.monotonic() + timeout
         if running is not None:
             try:
                 running.result(timeout)
             except Exception:  # already logged by the loop, or it did not end in time
                 log.warning("the device thread did not stop cleanly")
+        for helper in self._helpers:
+            helper.join(max(0.0, deadline - time.monotonic()))
         self.thread.close()
 
     def retire(self, worker: BackendWorker, timeout: float = 30.0) -> None:
@@ -167,7 +217,19 @@ class Scheduler:
 
     # -- the device loop ---------------------------------------------------------------------
 
+    @property
+    def preempted_s(self) -> float:
+        """Seconds this runner spent in interactive work run inside bulk units (taken off
+        their timings)."""
+        return self._local.preempted_s
+
+    @property
+    def thread_share(self) -> float:
+        """The share of the device's intra-op threads the unit on this runner runs on."""
+        return self._local.threads / self._threads if self._local.threads else 1.0
+
     def _main(self) -> None:
+        self._threads = torch.get_num_threads()
         with preemption.installed(self._preempt_point):
             try:
                 while (job := self._next()) is not None:
@@ -184,6 +246,17 @@ class Scheduler:
                 with self.cond:
                     self.cond.notify_all()
 
+    def _helper(self) -> None:
+        """A helper runner's loop: units only, on its share of the threads, while every model
+        allows it and no unit runs wide."""
+        with preemption.installed(self._preempt_point):
+            try:
+                while (unit := self._next_for_helper()) is not None:
+                    self._run_unit(unit)
+            except BaseException:
+                log.exception("device runner died")
+                self._die()
+
     def _die(self) -> None:
         with self.cond:
             self.alive = False
@@ -199,27 +272,85 @@ class Scheduler:
         for worker in self._workers:
             worker.queue.fail_all(UnhealthyError())
 
+    def _drained(self) -> bool:
+        return self._stopping or bool(self._workers and all(w.queue.closed for w in self._workers))
+
+    def _side_by_side(self) -> bool:
+        """Whether units may run beside each other now: several runners, every model's backend
+        able to (lock held)."""
+        return self.runners > 1 and all(w.concurrent for w in self._workers)
+
     def _next(self) -> _Call | _Unit | None:
-        """Block until there is something to run; None when stopping and all is drained."""
+        """Block until there is something to run; None when stopping and all is drained.
+        A call, and a unit that finds nothing else waiting and no helper busy, run wide."""
+        with self.cond:
+            while self.alive:
+                if self._calls and self._busy == 0:
+                    call = self._calls.pop(0)
+                    self._start(wide=True)
+                    return call
+                if not self._calls:
+                    unit = self._pick(allow_bulk=True)
+                    if unit is not None:
+                        wide = not self._side_by_side() or (
+                            self._busy == 0 and not self._work_waiting()
+                        )
+                        self._start(wide)
+                        return unit
+                    if self._drained():
+                        return None
+                self.cond.wait()
+            return None
+
+    def _next_for_helper(self) -> _Unit | None:
         with self.cond:
             while True:
-                if self._calls:
-                    return self._calls.pop(0)
-                unit = self._pick(allow_bulk=True)
-                if unit is not None:
-                    return unit
-                if self._stopping or (self._workers and all(w.queue.closed for w in self._workers)):
+                # Only beside a busy runner: a unit that finds every runner idle is the device
+                # thread's, which runs it on every thread if nothing else waits.
+                if (
+                    self.alive
+                    and self._busy > 0
+                    and not self._wide
+                    and not self._calls
+                    and self._side_by_side()
+                ):
+                    unit = self._pick(allow_bulk=True)
+                    if unit is not None:
+                        self._start(wide=False)
+                        return unit
+                if self._drained() or not self.alive:
                     return None
                 self.cond.wait()
 
-    @staticmethod
-    def _run_call(call: _Call) -> None:
-        if not call.future.set_running_or_notify_cancel():
-            return
+    def _work_waiting(self) -> bool:
+        return any(self._ready(f) for f in self._flows.values())
+
+    def _start(self, wide: bool) -> None:
+        """This runner begins a unit or call (lock held)."""
+        self._busy += 1
+        self._wide = self._wide or wide
+        self._local.wide = wide
+        if not wide:
+            self.cond.notify_all()  # a helper may take what waits
+
+    def _release(self) -> None:
+        """This runner's unit or call has ended (lock held)."""
+        self._busy -= 1
+        if self._local.wide:
+            self._wide = False
+
+    def _run_call(self, call: _Call) -> None:
         try:
-            call.future.set_result(call.fn())
-        except Exception as exc:  # handed to the caller
-            call.future.set_exception(exc)
+            if not call.future.set_running_or_notify_cancel():
+                return
+            try:
+                call.future.set_result(call.fn())
+            except Exception as exc:  # handed to the caller
+                call.future.set_exception(exc)
+        finally:
+            with self.cond:
+                self._release()
+                self.cond.notify_all()
 
     def _pick(self, allow_bulk: bool) -> _Unit | None:
         """The next unit, taken off its queue (lock held). `allow_bulk` is False inside a bulk
@@ -245,33 +376,49 @@ class Scheduler:
         # Start-time fair queueing: a flow that was idle starts at the clock, with no credit.
         flow = min(flows, key=lambda f: max(f.vtime, clock))
         start = max(flow.vtime, clock)
+        if bulk:
+            self._streak = 0
         budget = flow.worker.pass_tokens if bulk else None
+        idle = self.runners - self._busy
+        if idle > 1 and self._side_by_side():
+            # Runners are free beside this one: the waiting work is shared out among them.
+            waiting = flow.worker.queue.waiting_tokens(lane)
+            if waiting >= SPLIT_MIN_TOKENS:
+                share = max(SPLIT_MIN_TOKENS // 2, -(-waiting // idle))
+                budget = share if budget is None else min(budget, share)
         entries, cost = flow.worker.queue.take(lane, budget)
+        if not bulk:
+            self._streak += cost
         flow.vtime = start + cost / flow.worker.weight
         self._clock[lane] = start
         unit = _Unit(flow, entries, cost, start)
         self._units.append(unit)
         return unit
 
-    def _run_unit(self, unit: _Unit) -> None:
+    def _run_unit(self, unit: _Unit, nested: bool = False) -> None:
+        """Run a unit this runner started (`_start`); `nested`: one run at a preemption point,
+        inside the runner's bulk unit, on its threads."""
         bulk = unit.flow.lane is Lane.BULK
-        if bulk:
-            self._streak = 0
-        else:
-            self._streak += unit.cost
-        outer_bulk = self._in_bulk
-        self._in_bulk = bulk
+        state = self._local
+        outer_bulk, outer_threads = state.in_bulk, state.threads
+        state.in_bulk = bulk
+        if not nested:
+            narrow = max(1, self._threads // self.runners)
+            state.threads = self._threads if state.wide else narrow
         try:
-            if bulk:
-                unit.flow.worker.run(unit.entries)
-            else:
-                with giveway.interactive_pass():
+            with num_threads(state.threads):
+                if bulk:
                     unit.flow.worker.run(unit.entries)
+                else:
+                    with giveway.interactive_pass():
+                        unit.flow.worker.run(unit.entries)
         finally:
-            self._in_bulk = outer_bulk
+            state.in_bulk, state.threads = outer_bulk, outer_threads
         # Not reached when the thread dies: the unit then stays listed, for `_die` to fail.
         with self.cond:
             self._units.remove(unit)
+            if not nested:
+                self._release()
             self.cond.notify_all()
 
     # -- preemption --------------------------------------------------------------------------
@@ -282,9 +429,10 @@ class Scheduler:
 
     def _preempt_point(self) -> None:
         """Called by a backend between layers: run waiting interactive work now."""
-        if not (self.preempt and self._in_bulk) or self._nested or not self._interactive_waiting():
+        state = self._local
+        if not (self.preempt and state.in_bulk) or state.nested or not self._interactive_waiting():
             return
-        self._nested = True
+        state.nested = True
         started = time.perf_counter()
         try:
             while True:
@@ -292,9 +440,9 @@ class Scheduler:
                     unit = self._pick(allow_bulk=False)
                 if unit is None:
                     break
-                self._run_unit(unit)
+                self._run_unit(unit, nested=True)
             # The bulk unit goes on: it counts as bulk progress for the burst rule.
             self._streak = 0
         finally:
-            self._nested = False
-            self.preempted_s += time.perf_counter() - started
+            state.nested = False
+            state.preempted_s += time.perf_counter() - started

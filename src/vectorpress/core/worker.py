@@ -94,6 +94,7 @@ class BackendWorker:
         *,
         pass_tokens: int | None = None,
         weight: float = 1.0,
+        concurrent: bool = False,
     ) -> None:
         self.queue = queue
         self.run_batch = run_batch
@@ -105,6 +106,9 @@ class BackendWorker:
             raise ValueError("a model's scheduling weight must be positive")
         self.weight = weight
         """This model's share of the device against the others' when all have bulk work."""
+        self.concurrent = concurrent
+        """Whether the backend runs batches on several threads at once, each on the intra-op
+        thread count of its own thread (the scheduler's runners)."""
         self.last_batch_ok = True
         self._stopped = False
 
@@ -155,19 +159,21 @@ class BackendWorker:
         # the answers (a short query's hand-back 150 us instead of 70 on OpenVINO).
         record = None
         if self.on_batch is not None:
-            record = functools.partial(self._call_on_batch, batch, elapsed, True)
+            busy = elapsed * self.scheduler.thread_share
+            record = functools.partial(self._call_on_batch, batch, busy, True)
         _resolve(entries, values, None, record)
 
     def _record(self, batch: Batch, started: float, preempted: float, ok: bool) -> None:
         if self.on_batch is None:
             return
         elapsed = time.perf_counter() - started - (self.scheduler.preempted_s - preempted)
-        self._call_on_batch(batch, elapsed, ok)
+        self._call_on_batch(batch, elapsed * self.scheduler.thread_share, ok)
 
-    def _call_on_batch(self, batch: Batch, elapsed: float, ok: bool) -> None:
+    def _call_on_batch(self, batch: Batch, busy: float, ok: bool) -> None:
+        """`busy`: the batch's seconds times its share of the device's threads."""
         assert self.on_batch is not None
         try:
-            self.on_batch(batch, elapsed, ok)
+            self.on_batch(batch, busy, ok)
         except Exception:  # the batch's callers have their answers: only the metrics miss it
             log.exception("recording a batch's metrics failed")
 

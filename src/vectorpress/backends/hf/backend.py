@@ -66,6 +66,7 @@ class HFBackend:
     # count: the queue budgets real tokens, as for the packed backends.
     is_padded = False
     max_batch_size: int | None = None
+    concurrent_passes = False
 
     def __init__(
         self,

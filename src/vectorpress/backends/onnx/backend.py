@@ -143,6 +143,7 @@ class OnnxBackend:
     # tokens as it does for the packed torch backend.
     is_padded = False
     max_batch_size: int | None = None
+    concurrent_passes = False
     pass_tokens = PASS_TOKENS
 
     def __init__(

@@ -231,6 +231,9 @@ class TorchBackend:
         self.spec = spec
         self.arch = arch
         self.device = device
+        # Its CPU passes keep no state between calls but per thread (compiled kernels'
+        # scratch, int8's workspace, attention's layout): several runners may call it.
+        self.concurrent_passes = device == "cpu"
         self.dtype = dtype or ("float32" if device == "cpu" else arch.gpu_dtype)
         if self.dtype == "float16" and arch.gpu_dtype != "float16":
             log.warning("%s overflows in float16; prefer --dtype bfloat16", spec.model_type)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,10 @@ class Layout:
     """Their bounds, int32 (the filler rows left out)."""
     count: int
     longest: int
+
+
+class _LastLayout(threading.local):
+    value: tuple[PackedSequences, Layout | None] | None = None
 
 
 class KernelAttention:
@@ -75,8 +80,9 @@ class KernelAttention:
             ctypes.c_void_p,  # out
             ctypes.c_int,  # threads
         ]
-        # The last pass's layout (`_layout`), kept with the pass's sequences it is for.
-        self._last: tuple[PackedSequences, Layout | None] | None = None
+        # Each thread's last pass's layout (`_layout`), kept with the pass's sequences it is
+        # for: passes run side by side (`lanes.py`).
+        self._last = _LastLayout()
 
     def _options(self, table: torch.Tensor | None) -> tuple[int, ...]:
         """The values of `options` for a call with this bias table (or none)."""
@@ -86,8 +92,9 @@ class KernelAttention:
         """The pass's real sequences, or None for a pass of many very short texts
         (`max_layout_over_rows`); the same for every layer of a pass, so worked out on its
         first."""
-        if self._last is not None and self._last[0] is seqs:
-            return self._last[1]
+        last = self._last.value
+        if last is not None and last[0] is seqs:
+            return last[1]
         # The filler rows of a padded pass are a sequence of their own, last: zeros.
         count = seqs.size - (1 if seqs.filler else 0)
         cu = seqs.cu_seqlens[: count + 1].to(torch.int32)
@@ -96,7 +103,7 @@ class KernelAttention:
         rows = seqs.total - seqs.filler
         fits = laid_out <= max(MAX_LAYOUT_WITHOUT_CHECK, self.max_layout_over_rows * rows)
         layout = Layout(cu, count, max(seqs.lengths[:count], default=0)) if fits else None
-        self._last = (seqs, layout)
+        self._last.value = (seqs, layout)
         return layout
 
     def fits(

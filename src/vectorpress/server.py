@@ -162,16 +162,19 @@ def bulk_pass_tokens(settings: ModelSettings, backend: Backend) -> int:
 
 
 def make_scheduler(server: ServerSettings) -> Scheduler:
-    """The process's one device thread; backends are loaded and warmed up on it."""
+    """The process's device thread (backends are loaded and warmed up on it) and its
+    runners."""
     return Scheduler(preempt=server.preemption, runners=device_runners(server))
 
 
 def device_runners(server: ServerSettings) -> int:
-    """`--device-runners`, its 0 resolved: two where the CPU has two intra-op threads or more.
-    (Measured on 2-core machines only; a larger CPU gets two units of half its threads.)"""
+    """`--device-runners`, its 0 resolved: two where the CPU has two intra-op threads or more
+    (measured on 2-core machines only; a larger CPU gets two units of half its threads); never
+    more runners than threads, which would leave each runner's unit less than one."""
+    threads = max(1, torch.get_num_threads())
     if server.device_runners:
-        return server.device_runners
-    return 2 if torch.get_num_threads() >= 2 else 1
+        return min(server.device_runners, threads)
+    return 2 if threads >= 2 else 1
 
 
 def make_server_admission(server: ServerSettings) -> Admission | None:

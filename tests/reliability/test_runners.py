@@ -303,5 +303,8 @@ def test_a_query_runs_inside_a_side_by_side_bulk_unit(rig: Callable[[int], Rig])
 
 
 def test_auto_is_two_runners_where_there_are_two_threads() -> None:
+    threads = torch.get_num_threads()
     assert device_runners(ServerSettings()) == 2
     assert device_runners(ServerSettings(device_runners=1)) == 1
+    # Never more runners than threads.
+    assert device_runners(ServerSettings(device_runners=threads + 5)) == threads

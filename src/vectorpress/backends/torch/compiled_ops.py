@@ -81,7 +81,7 @@ class KernelAttention:
             ctypes.c_int,  # threads
         ]
         # Each thread's last pass's layout (`_layout`), kept with the pass's sequences it is
-        # for: passes run side by side (`lanes.py`).
+        # for: passes run side by side on the scheduler's runners (`core/scheduler.py`).
         self._last = _LastLayout()
 
     def _options(self, table: torch.Tensor | None) -> tuple[int, ...]:

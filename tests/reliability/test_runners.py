@@ -13,12 +13,14 @@ import asyncio
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
 from tests.helpers.passes import fixed_pass_plan
+from tests.helpers.waiting import until
 from vectorpress.backends.base import Backend
 from vectorpress.backends.select import select_backend
 from vectorpress.core import scheduler as scheduler_module
@@ -142,31 +144,32 @@ def rig(minilm: Path, loaded: tuple[ModelSpec, Backend]) -> Iterator[Callable[[i
         r.close()
 
 
-async def until(check: Callable[[], bool]) -> None:
-    for _ in range(3000):
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the condition never came true")
-
-
 def bulk_texts(n: int) -> list[str]:
     return [f"{PASSAGE} {i}" for i in range(n)]
+
+
+# Two bulk requests of one unit each.
+TWO_REQUESTS = (bulk_texts(6), bulk_texts(12)[6:])
+
+
+async def queued_while_held(r: Rig, infer: Infer, *requests: list[str]) -> list[Any]:
+    """Bulk requests of these texts, all queued while the device thread is held (so the
+    scheduler alone decides who runs what), then released: their tasks."""
+    release = r.hold()
+    tasks = [asyncio.ensure_future(infer.embed(texts, priority="bulk")) for texts in requests]
+    await until(lambda: len(infer.queue) == sum(map(len, requests)))
+    release.set()
+    return tasks
 
 
 def test_waiting_units_run_side_by_side_on_one_thread_each(rig: Callable[[int], Rig]) -> None:
     r = rig(2)
     infer, backend = r.add()
     backend.meet = threading.Barrier(2)
-    one, two = bulk_texts(6), bulk_texts(12)[6:]
+    one, two = TWO_REQUESTS
 
     async def scenario() -> tuple[list[np.ndarray], list[np.ndarray]]:
-        release = r.hold()
-        a = asyncio.ensure_future(infer.embed(one, priority="bulk"))
-        b = asyncio.ensure_future(infer.embed(two, priority="bulk"))
-        await until(lambda: len(infer.queue) == 12)
-        release.set()
-        ra, rb = await asyncio.gather(a, b)
+        ra, rb = await asyncio.gather(*await queued_while_held(r, infer, one, two))
         return ra.values, rb.values
 
     va, vb = asyncio.run(scenario())
@@ -210,11 +213,7 @@ def test_one_large_request_is_shared_out_among_idle_runners(rig: Callable[[int],
     assert scheduler_module.SPLIT_MIN_TOKENS <= 20 * 28
 
     async def scenario() -> None:
-        release = r.hold()
-        request = asyncio.ensure_future(infer.embed(texts, priority="bulk"))
-        await until(lambda: len(infer.queue) == 20)
-        release.set()
-        await request
+        await asyncio.gather(*await queued_while_held(r, infer, texts))
 
     asyncio.run(scenario())
     assert sorted(size for _, _, size in backend.calls) == [10, 10]
@@ -228,12 +227,7 @@ def test_a_backend_that_cannot_share_the_device_gets_no_second_runner(
     infer, backend = r.add(concurrent=False)
 
     async def scenario() -> None:
-        release = r.hold()
-        a = asyncio.ensure_future(infer.embed(bulk_texts(6), priority="bulk"))
-        b = asyncio.ensure_future(infer.embed(bulk_texts(12)[6:], priority="bulk"))
-        await until(lambda: len(infer.queue) == 12)
-        release.set()
-        await asyncio.gather(a, b)
+        await asyncio.gather(*await queued_while_held(r, infer, *TWO_REQUESTS))
 
     asyncio.run(scenario())
     assert r.scheduler._helpers == []
@@ -250,13 +244,7 @@ def test_a_failing_unit_on_one_runner_fails_only_its_request(rig: Callable[[int]
     backend.fail_next = True  # whichever unit gets there first
 
     async def scenario() -> tuple[list[BaseException | int], int]:
-        release = r.hold()
-        requests = [
-            asyncio.ensure_future(infer.embed(bulk_texts(6), priority="bulk")),
-            asyncio.ensure_future(infer.embed(bulk_texts(12)[6:], priority="bulk")),
-        ]
-        await until(lambda: len(infer.queue) == 12)
-        release.set()
+        requests = await queued_while_held(r, infer, *TWO_REQUESTS)
         results = await asyncio.gather(*requests, return_exceptions=True)
         backend.meet = None
         after = await infer.embed(bulk_texts(3), priority="bulk")
@@ -278,13 +266,7 @@ def test_a_query_runs_inside_a_side_by_side_bulk_unit(rig: Callable[[int], Rig])
     backend.gate = threading.Event()
 
     async def scenario() -> None:
-        release = r.hold()
-        bulks = [
-            asyncio.ensure_future(infer.embed(bulk_texts(6), priority="bulk")),
-            asyncio.ensure_future(infer.embed(bulk_texts(12)[6:], priority="bulk")),
-        ]
-        await until(lambda: len(infer.queue) == 12)
-        release.set()
+        bulks = await queued_while_held(r, infer, *TWO_REQUESTS)
         # Both runners hold a bulk unit at the gate: the query can only run inside one.
         await until(lambda: len(backend.calls) == 2)
         query = asyncio.ensure_future(infer.embed([QUERY]))

@@ -19,6 +19,7 @@ import pytest
 
 from tests.helpers.faulty import FaultyBackend
 from tests.helpers.passes import fixed_pass_plan
+from tests.helpers.waiting import until
 from vectorpress.backends.base import Backend
 from vectorpress.backends.select import select_backend
 from vectorpress.core.infer import Infer
@@ -99,15 +100,6 @@ def rig(minilm: Path, loaded: Loaded) -> Iterator[Callable[[bool], Rig]]:
     yield make
     for r in made:
         r.close()
-
-
-async def until(check: Callable[[], bool]) -> None:
-    """Wait (bounded) for something the device thread or the tokenizer pool does."""
-    for _ in range(3000):
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the condition never came true")
 
 
 async def hold(model: Model) -> None:

@@ -133,7 +133,6 @@ class Scheduler:
         """Run interactive work at the backends' preemption points (False: between units only)."""
         self.interactive_burst_tokens = interactive_burst_tokens
         self.cond = _Wakeups()
-        self.cond.helpers_may_start = self._helpers_may_start
         self.alive = True
         """False once the device thread has died: every queue then refuses new work."""
         self.runners = max(1, runners)
@@ -178,6 +177,8 @@ class Scheduler:
                     for i in range(1, self.runners)
                 ]
                 self._helpers.extend(new)
+                # Only now: a server without helpers pays no check per notification.
+                self.cond.helpers_may_start = self._helpers_may_start
         if start:
             self._running = self.thread.submit(self._main)
         for helper in new:

@@ -33,6 +33,8 @@ sys.path.insert(0, str(ROOT))
 from bench.client import free_port  # noqa: E402
 from tests.helpers.texts import mixed_texts  # noqa: E402
 
+from vectorpress.core.heap import REST_S  # noqa: E402
+
 
 def percentile(sorted_values: list[float], p: float) -> str:
     if not sorted_values:
@@ -129,18 +131,17 @@ async def run(args: argparse.Namespace) -> int:
 
         async def rest_sample() -> None:
             """Resident memory with nothing in flight: the load pauses, one short request
-            makes the worker trim its heap, and what is left is what the server retains."""
+            still answers, the device trims its heap once it has rested (`REST_S`), and what
+            is left is what the server retains."""
             running.clear()
             deadline = time.monotonic() + 60
             while in_flight and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
-            # The worker trims at most once a second, after a batch.
-            await asyncio.sleep(1.2)
             async with httpx.AsyncClient(timeout=60) as http:
                 r = await http.post(f"{url}/embed", json={"inputs": "resting"})
                 if r.status_code != 200:
                     unexpected.append(f"rest probe -> {r.status_code}")
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(REST_S + 0.5)
             resting.append((time.monotonic(), proc.memory_info().rss))
             running.set()
 

@@ -24,6 +24,7 @@ from tests.helpers.waiting import until
 from vectorpress.backends.base import Backend
 from vectorpress.backends.select import select_backend
 from vectorpress.core import scheduler as scheduler_module
+from vectorpress.core.heap import HeapTrimmer
 from vectorpress.core.infer import Infer
 from vectorpress.core.scheduler import Scheduler
 from vectorpress.model_spec import ModelSpec, load_model_spec
@@ -58,6 +59,8 @@ class Watched:
         self.events: list[tuple[str, int, str]] = []
         self.meet: threading.Barrier | None = None
         self.gate: threading.Event | None = None
+        self.gate_thread: str | None = None
+        """Only batches on the thread of this name wait at `gate` (None: all)."""
         self.fail_next = False
         self._lock = threading.Lock()
 
@@ -69,7 +72,7 @@ class Watched:
             self.events.append(("start", index, thread))
         if self.meet is not None and batch.size > 1:
             self.meet.wait(MEET_S)
-        if self.gate is not None and batch.size > 1:
+        if self.gate is not None and batch.size > 1 and self.gate_thread in (None, thread):
             self.gate.wait(MEET_S)
         with self._lock:
             fail, self.fail_next = self.fail_next, False
@@ -96,10 +99,16 @@ def loaded(minilm: Path) -> tuple[ModelSpec, Backend]:
 
 
 class Rig:
-    def __init__(self, minilm: Path, loaded: tuple[ModelSpec, Backend], runners: int) -> None:
+    def __init__(
+        self,
+        minilm: Path,
+        loaded: tuple[ModelSpec, Backend],
+        runners: int,
+        trimmer: HeapTrimmer | None = None,
+    ) -> None:
         self.minilm = minilm
         self.spec, self.inner = loaded
-        self.scheduler = Scheduler(runners=runners)
+        self.scheduler = Scheduler(runners=runners, trimmer=trimmer)
         self.infers: list[Infer] = []
 
     def add(self, concurrent: bool = True, **settings: object) -> tuple[Infer, Watched]:
@@ -132,11 +141,11 @@ class Rig:
 
 
 @pytest.fixture
-def rig(minilm: Path, loaded: tuple[ModelSpec, Backend]) -> Iterator[Callable[[int], Rig]]:
+def rig(minilm: Path, loaded: tuple[ModelSpec, Backend]) -> Iterator[Callable[..., Rig]]:
     made: list[Rig] = []
 
-    def make(runners: int = 2) -> Rig:
-        made.append(Rig(minilm, loaded, runners))
+    def make(runners: int = 2, trimmer: HeapTrimmer | None = None) -> Rig:
+        made.append(Rig(minilm, loaded, runners, trimmer))
         return made[-1]
 
     yield make
@@ -282,6 +291,33 @@ def test_a_query_runs_inside_a_side_by_side_bulk_unit(rig: Callable[[int], Rig])
     ends = {i: n for n, (kind, i, _) in enumerate(backend.events) if kind == "end"}
     host = next(i for i in (0, 1) if backend.calls[i][0] == thread)
     assert starts[host] < starts[2] < ends[2] < ends[host]
+
+
+def test_the_heap_is_trimmed_only_once_every_runner_rests(rig: Callable[..., Rig]) -> None:
+    trims: list[int] = []
+
+    def trim(pad: int) -> int:
+        trims.append(pad)
+        return 1
+
+    r = rig(2, HeapTrimmer(rest_s=0.05, rss=lambda: 0, trim=trim))
+    infer, backend = r.add()
+    backend.meet = threading.Barrier(2)
+    backend.gate, backend.gate_thread = threading.Event(), "vp-runner-1"
+
+    async def scenario() -> None:
+        bulks = await queued_while_held(r, infer, *TWO_REQUESTS)
+        # The device thread's unit ends; the helper's waits at the gate.
+        await until(lambda: any(kind == "end" for kind, _, _ in backend.events))
+        before = len(trims)
+        await asyncio.sleep(0.3)  # six rests of the device thread, the helper still busy
+        assert len(trims) == before
+        backend.gate.set()  # type: ignore[union-attr]
+        await asyncio.gather(*bulks)
+        await until(lambda: len(trims) == before + 1)
+
+    asyncio.run(scenario())
+    assert len({name for name, _, _ in backend.calls}) == 2
 
 
 def test_auto_is_two_runners_where_there_are_two_threads() -> None:

@@ -22,6 +22,7 @@ from tests.helpers.passes import fixed_pass_plan
 from tests.helpers.waiting import until
 from vectorpress.backends.base import Backend
 from vectorpress.backends.select import select_backend
+from vectorpress.core.heap import HeapTrimmer
 from vectorpress.core.infer import Infer
 from vectorpress.core.queue import Lane
 from vectorpress.core.scheduler import Scheduler
@@ -63,9 +64,11 @@ def loaded(minilm: Path) -> Loaded:
 class Rig:
     """One scheduler (its own device thread) and the pipelines the test adds to it."""
 
-    def __init__(self, minilm: Path, loaded: Loaded, preempt: bool) -> None:
+    def __init__(
+        self, minilm: Path, loaded: Loaded, preempt: bool, trimmer: HeapTrimmer | None = None
+    ) -> None:
         self.minilm = minilm
-        self.scheduler = Scheduler(preempt=preempt)
+        self.scheduler = Scheduler(preempt=preempt, trimmer=trimmer)
         self.spec = loaded.spec
         self.inner = loaded.backend
         self.models: list[Model] = []
@@ -90,11 +93,11 @@ class Rig:
 
 
 @pytest.fixture
-def rig(minilm: Path, loaded: Loaded) -> Iterator[Callable[[bool], Rig]]:
+def rig(minilm: Path, loaded: Loaded) -> Iterator[Callable[..., Rig]]:
     made: list[Rig] = []
 
-    def make(preempt: bool = True) -> Rig:
-        made.append(Rig(minilm, loaded, preempt))
+    def make(preempt: bool = True, trimmer: HeapTrimmer | None = None) -> Rig:
+        made.append(Rig(minilm, loaded, preempt, trimmer))
         return made[-1]
 
     yield make
@@ -354,3 +357,32 @@ def test_work_put_after_shutdown_began_fails_at_once(rig: Callable[[bool], Rig])
     assert not r.scheduler.alive
     with pytest.raises(UnhealthyError):
         asyncio.run(other.infer.embed([QUERY]))
+
+
+def test_the_heap_is_trimmed_once_the_device_rests_and_never_while_a_unit_runs(
+    rig: Callable[..., Rig],
+) -> None:
+    trims: list[int] = []
+
+    def trim(pad: int) -> int:
+        trims.append(pad)
+        return 1
+
+    # Memory never grows here (no trim under load): only the rest trims.
+    r = rig(True, HeapTrimmer(rest_s=0.05, rss=lambda: 0, trim=trim))
+    model = r.add()
+    model.backend.gate = threading.Event()
+
+    async def scenario() -> None:
+        query = asyncio.ensure_future(model.infer.embed([QUERY]))
+        await hold(model)
+        before = len(trims)
+        await asyncio.sleep(0.3)  # the unit runs six rests long
+        assert len(trims) == before
+        model.backend.gate.set()  # type: ignore[union-attr]
+        await query
+        await until(lambda: len(trims) == before + 1)
+        await asyncio.sleep(0.3)  # nothing ran since: nothing more to hand back
+        assert len(trims) == before + 1
+
+    asyncio.run(scenario())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import time
 from collections.abc import Callable
 
@@ -40,24 +41,113 @@ def limit_malloc_arenas(arenas: int) -> None:
         ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, arenas)
 
 
+#: Resident memory may grow this much past what a trim left before a trim runs under load: the
+#: larger of a floor and a share of that size.
+GROWTH_FLOOR = 256 * 2**20
+GROWTH_SHARE = 0.25
+
+#: Seconds the device must have had nothing to run before a trim at rest.
+REST_S = 1.0
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory, read from /proc (None where there is none)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _libc_trim() -> Callable[[int], int] | None:
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        return None
+    return trim
+
+
+LIBC_TRIM = _libc_trim()
+
+
 class HeapTrimmer:
-    """Hands freed heap pages back to the OS between batches, at most once a second.
+    """Hands freed heap pages back to the OS: once the device has been idle for `rest_s` after
+    work, and under load only when resident memory has grown well past what the last trim left.
 
     Batches of ever-different shapes leave glibc's arenas fragmented, and resident memory then
-    creeps up under steady mixed traffic although nothing leaks; TEI trims for the same reason.
+    creeps up although nothing leaks (gigabytes of freed pages over a few hundred pass shapes,
+    docs/reliability.md); TEI trims for the same reason. But a trim hands back pages the next
+    batches fault in again: trimming once a second under load cost 3-5% of the throughput of
+    one-text requests (docs/performance.md). Under steady traffic the heap reaches a plateau
+    below the growth allowance and is trimmed only when the traffic rests.
+
+    The device thread calls `worked` when a unit or call ends (lock held: cheap),
+    `after_unit` after its own units (lock not held) and `rest_wait` before it waits for work.
     """
 
-    def __init__(self, every: float = 1.0) -> None:
+    def __init__(
+        self,
+        every: float = 1.0,
+        rest_s: float = REST_S,
+        *,
+        rss: Callable[[], int | None] = resident_bytes,
+        trim: Callable[[int], int] | None = LIBC_TRIM,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.every = every
-        self.last = 0.0
-        self._trim: Callable[[int], int] | None
-        try:
-            self._trim = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):  # not glibc: nothing to trim
-            self._trim = None
+        """Seconds between two reads of resident memory under load."""
+        self.rest_s = rest_s
+        self._rss = rss
+        self._trim = trim
+        self._clock = clock
+        self._checked = clock()
+        self._worked_at: float | None = None
+        """When the last unit or call ended, if none has since the last trim."""
+        self._limit: int | None = None
+        """Resident bytes past which a trim runs under load (None until first read)."""
+        self.trims = 0
 
-    def maybe_trim(self) -> None:
-        now = time.monotonic()
-        if self._trim is not None and now - self.last >= self.every:
-            self.last = now
-            self._trim(0)
+    def worked(self) -> None:
+        """A unit or call has ended: a trim is due once the device rests."""
+        self._worked_at = self._clock()
+
+    def after_unit(self) -> None:
+        """Under load: trim if resident memory has outgrown its allowance (read at most once
+        every `every` seconds)."""
+        if self._trim is None:
+            return
+        now = self._clock()
+        if now - self._checked < self.every:
+            return
+        self._checked = now
+        rss = self._rss()
+        if rss is None:
+            return
+        if self._limit is None:
+            self._limit = self._allowance(rss)
+        elif rss > self._limit:
+            self.trim()
+
+    def rest_wait(self) -> float | None:
+        """Seconds until a trim at rest is due (0: now); None when none is (no work since the
+        last trim)."""
+        if self._trim is None or self._worked_at is None:
+            return None
+        return max(0.0, self._worked_at + self.rest_s - self._clock())
+
+    def trim(self) -> None:
+        if self._trim is None:
+            return
+        self._worked_at = None
+        self._trim(0)
+        self.trims += 1
+        rss = self._rss()
+        if rss is not None:
+            self._limit = self._allowance(rss)
+
+    @staticmethod
+    def _allowance(rss: int) -> int:
+        return rss + max(GROWTH_FLOOR, int(rss * GROWTH_SHARE))

@@ -41,6 +41,7 @@ import torch
 from vectorpress.backends import preemption
 from vectorpress.backends.common.threads import num_threads
 from vectorpress.core import giveway
+from vectorpress.core.heap import HeapTrimmer
 from vectorpress.core.queue import Lane, fail_entries
 from vectorpress.errors import UnhealthyError
 from vectorpress.types import Entry
@@ -85,6 +86,10 @@ class _Call:
     future: Future[Any] = field(default_factory=Future)
 
 
+class _Trim:
+    """The device has rested after work: hand freed heap pages back."""
+
+
 class _Wakeups(threading.Condition):
     """The scheduler's lock and the device thread's wake-ups, which the queues share: a
     notification also wakes the helper runners (`helpers`, on the same lock), but only while a
@@ -124,8 +129,8 @@ class Scheduler:
         preempt: bool = True,
         interactive_burst_tokens: int = INTERACTIVE_BURST_TOKENS,
         runners: int = 1,
+        trimmer: HeapTrimmer | None = None,
     ) -> None:
-        from vectorpress.core.heap import HeapTrimmer
         from vectorpress.core.worker import ModelThread
 
         self.thread = thread or ModelThread()
@@ -154,7 +159,9 @@ class Scheduler:
         self._streak = 0
         self._units: list[_Unit] = []
         """Units taken off the queues and not yet resolved (a bulk one and those inside it)."""
-        self._trimmer = HeapTrimmer()
+        self.trimmer = trimmer or HeapTrimmer()
+        """Hands freed heap pages back: at rest, and under load when memory outgrows its
+        allowance."""
 
     # -- set-up ------------------------------------------------------------------------------
 
@@ -255,9 +262,11 @@ class Scheduler:
                 while (job := self._next()) is not None:
                     if isinstance(job, _Call):
                         self._run_call(job)
+                    elif isinstance(job, _Trim):
+                        self.trimmer.trim()
                     else:
                         self._run_unit(job)
-                        self._trimmer.maybe_trim()
+                        self.trimmer.after_unit()
             except BaseException:  # not a failed batch: the thread itself cannot go on
                 log.exception("device thread died")
                 self._die()
@@ -300,9 +309,10 @@ class Scheduler:
         able to (lock held)."""
         return self.runners > 1 and all(w.concurrent for w in self._workers)
 
-    def _next(self) -> _Call | _Unit | None:
+    def _next(self) -> _Call | _Unit | _Trim | None:
         """Block until there is something to run; None when stopping and all is drained.
-        A call, and a unit that finds nothing else waiting and no helper busy, run wide."""
+        A call, and a unit that finds nothing else waiting and no helper busy, run wide; a
+        trim once nothing has run for the trimmer's rest."""
         with self.cond:
             while self.alive:
                 if self._calls and self._busy == 0:
@@ -319,7 +329,10 @@ class Scheduler:
                         return unit
                     if self._drained():
                         return None
-                self.cond.wait()
+                rest = self.trimmer.rest_wait() if self._busy == 0 else None
+                if rest == 0:
+                    return _Trim()
+                self.cond.wait(rest)
             return None
 
     def _helpers_may_start(self) -> bool:
@@ -358,6 +371,7 @@ class Scheduler:
         self._busy -= 1
         if self._local.wide:
             self._wide = False
+        self.trimmer.worked()
 
     def _run_call(self, call: _Call) -> None:
         try:

@@ -212,21 +212,33 @@ def test_a_lone_unit_runs_on_every_thread(rig: Callable[[int], Rig]) -> None:
     assert len({name for name, _, _ in backend.calls}) == 1
 
 
-def test_one_large_request_is_shared_out_among_idle_runners(rig: Callable[[int], Rig]) -> None:
+def test_waiting_requests_are_shared_out_among_idle_runners(rig: Callable[..., Rig]) -> None:
     r = rig(2)
-    # Twenty passages (560 tokens, over SPLIT_MIN_TOKENS) in units of up to 4,096 tokens:
-    # one unit with one runner, two halves side by side with two.
+    # Two requests of ten passages (560 tokens together, over SPLIT_MIN_TOKENS) in units of up
+    # to 4,096 tokens: one unit with one runner, two halves side by side with two.
     infer, backend = r.add(bulk_pass_tokens=4096)
     backend.meet = threading.Barrier(2)
     texts = bulk_texts(20)
     assert scheduler_module.SPLIT_MIN_TOKENS <= 20 * 28
 
     async def scenario() -> None:
-        await asyncio.gather(*await queued_while_held(r, infer, texts))
+        await asyncio.gather(*await queued_while_held(r, infer, texts[:10], texts[10:]))
 
     asyncio.run(scenario())
     assert sorted(size for _, _, size in backend.calls) == [10, 10]
     assert [n for _, n, _ in backend.calls] == [1, 1]
+
+
+def test_one_request_alone_runs_whole_on_every_thread(rig: Callable[..., Rig]) -> None:
+    r = rig(2)
+    infer, backend = r.add(bulk_pass_tokens=4096)
+    texts = bulk_texts(20)
+
+    async def scenario() -> None:
+        await asyncio.gather(*await queued_while_held(r, infer, texts))
+
+    asyncio.run(scenario())
+    assert backend.calls == [("vp-backend", torch.get_num_threads(), 20)]
 
 
 def test_a_backend_that_cannot_share_the_device_gets_no_second_runner(

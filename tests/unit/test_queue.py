@@ -85,6 +85,30 @@ def test_an_abandoned_entry_behind_a_live_one_is_dropped_once_it_reaches_the_hea
     assert q.waiting(Lane.BULK) == 0
 
 
+def test_it_tells_whether_the_waiting_entries_are_one_requests(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    q = BatchingQueue(max_batch_tokens=100, max_batch_requests=None, padded=False)
+    assert not q.several_requests(Lane.BULK)
+    first, second = [entry(loop, 1) for _ in range(3)], [entry(loop, 1) for _ in range(4)]
+    q.put(first)
+    assert not q.several_requests(Lane.BULK)
+    q.put(second)
+    assert q.several_requests(Lane.BULK)
+    assert not q.several_requests(Lane.INTERACTIVE)
+    assert take(q, max_tokens=2) == first[:2]
+    assert q.several_requests(Lane.BULK)  # the first request's last entry still waits
+    assert take(q, max_tokens=2) == [first[2], second[0]]
+    assert not q.several_requests(Lane.BULK)  # the rest of the second only
+    # An abandoned head of an older request dropped: only the newest request's entries left.
+    third = [entry(loop, 1) for _ in range(2)]
+    q.put(third)
+    for e in second[1:]:
+        e.future.cancel()
+    assert q.has_work(Lane.BULK)
+    assert not q.several_requests(Lane.BULK)
+
+
 def test_an_entry_larger_than_the_budget_still_runs_alone(loop: asyncio.AbstractEventLoop) -> None:
     q = BatchingQueue(max_batch_tokens=4, max_batch_requests=None, padded=False)
     big = entry(loop, 9)

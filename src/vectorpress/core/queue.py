@@ -46,6 +46,9 @@ class BatchingQueue:
         self.max_batch_requests = max_batch_requests
         self.padded = padded
         self._lanes: dict[Lane, deque[Entry]] = {lane: deque() for lane in Lane}
+        self._newest: dict[Lane, int] = {lane: 0 for lane in Lane}
+        """How many entries the lane's latest `put` (one request's) added, at its tail: while
+        more wait than that, an older request's do too."""
         self._cond = threading.Condition()
         self._closed = False
         self._failed: BaseException | None = None
@@ -60,6 +63,11 @@ class BatchingQueue:
 
     def waiting(self, lane: Lane) -> int:
         return len(self._lanes[lane])
+
+    def several_requests(self, lane: Lane) -> bool:
+        """Whether the lane's entries came from more than one request (`put`). Called with
+        the lock held."""
+        return len(self._lanes[lane]) > self._newest[lane]
 
     def waiting_tokens(self, lane: Lane) -> int:
         """The tokens of the lane's entries (abandoned ones included). Called with the lock
@@ -78,7 +86,9 @@ class BatchingQueue:
                 raise UnhealthyError()
             if self._closed:
                 raise UnhealthyError(SHUTTING_DOWN)
+            before = len(self._lanes[lane])
             self._lanes[lane].extend(entries)
+            self._newest[lane] = len(self._lanes[lane]) - before
             self._cond.notify_all()
 
     def close(self) -> None:

@@ -80,12 +80,14 @@ class HeapTrimmer:
     Batches of ever-different shapes leave glibc's arenas fragmented, and resident memory then
     creeps up although nothing leaks (gigabytes of freed pages over a few hundred pass shapes,
     docs/reliability.md); TEI trims for the same reason. But a trim hands back pages the next
-    batches fault in again: trimming once a second under load cost 3-5% of the throughput of
-    one-text requests (docs/performance.md). Under steady traffic the heap reaches a plateau
-    below the growth allowance and is trimmed only when the traffic rests.
+    batches fault in again (and the trim itself walks every arena): trimming once a second
+    under load cost the float32 server 3-5% of its throughput (docs/performance.md). Under
+    steady traffic the heap reaches a plateau below the growth allowance and is trimmed only
+    when the traffic rests.
 
-    The device thread calls `worked` when a unit or call ends (lock held: cheap),
-    `after_unit` after its own units (lock not held) and `rest_wait` before it waits for work.
+    Every runner calls `worked` when its unit or call ends (lock held: cheap); the device
+    thread calls `after_unit` after its own units (lock not held) and `rest_wait` before it
+    waits for work.
     """
 
     def __init__(

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from tests.helpers.passes import fixed_pass_plan
+from tests.helpers.trims import recording_trimmer
 from tests.helpers.waiting import until
 from vectorpress.backends.base import Backend
 from vectorpress.backends.select import select_backend
@@ -306,13 +307,8 @@ def test_a_query_runs_inside_a_side_by_side_bulk_unit(rig: Callable[[int], Rig])
 
 
 def test_the_heap_is_trimmed_only_once_every_runner_rests(rig: Callable[..., Rig]) -> None:
-    trims: list[int] = []
-
-    def trim(pad: int) -> int:
-        trims.append(pad)
-        return 1
-
-    r = rig(2, HeapTrimmer(rest_s=0.05, rss=lambda: 0, trim=trim))
+    trimmer, trims = recording_trimmer(rest_s=0.05)
+    r = rig(2, trimmer)
     infer, backend = r.add()
     backend.meet = threading.Barrier(2)
     backend.gate, backend.gate_thread = threading.Event(), "vp-runner-1"

@@ -19,6 +19,7 @@ import pytest
 
 from tests.helpers.faulty import FaultyBackend
 from tests.helpers.passes import fixed_pass_plan
+from tests.helpers.trims import recording_trimmer
 from tests.helpers.waiting import until
 from vectorpress.backends.base import Backend
 from vectorpress.backends.select import select_backend
@@ -362,14 +363,8 @@ def test_work_put_after_shutdown_began_fails_at_once(rig: Callable[[bool], Rig])
 def test_the_heap_is_trimmed_once_the_device_rests_and_never_while_a_unit_runs(
     rig: Callable[..., Rig],
 ) -> None:
-    trims: list[int] = []
-
-    def trim(pad: int) -> int:
-        trims.append(pad)
-        return 1
-
-    # Memory never grows here (no trim under load): only the rest trims.
-    r = rig(True, HeapTrimmer(rest_s=0.05, rss=lambda: 0, trim=trim))
+    trimmer, trims = recording_trimmer(rest_s=0.05)
+    r = rig(True, trimmer)
     model = r.add()
     model.backend.gate = threading.Event()
 

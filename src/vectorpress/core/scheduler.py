@@ -23,7 +23,10 @@ loop, the tokenizer or the client has preempted, so the server's own few percent
 cost the pass two to three times as much; two units on one thread each share no barrier, and a
 preempted one loses only its own time. A unit that finds nothing else waiting and no other
 runner busy runs on every thread, as with one runner, and the helpers wait for it: one request
-in flight is not halved.
+in flight is not halved. Beside models that cannot share the device (ONNX Runtime, OpenVINO),
+the others' units still run side by side: helpers take only units of models that can, and a
+unit of one that cannot waits until no runner is busy, holds the helpers off meanwhile, and runs
+alone on every thread.
 """
 
 from __future__ import annotations
@@ -141,13 +144,16 @@ class Scheduler:
         self.alive = True
         """False once the device thread has died: every queue then refuses new work."""
         self.runners = max(1, runners)
-        """Threads that run units (the device thread and helpers), where every model allows."""
+        """Threads that run units (the device thread and helpers), for the models that allow."""
         self._local = _RunnerState()
         self._helpers: list[threading.Thread] = []
         self._busy = 0
         """Runners in a unit or a call now (lock held)."""
         self._wide = False
         """A unit or call runs on every intra-op thread: no helper starts one (lock held)."""
+        self._exclusive = False
+        """The device thread waits for the runners to end their units, to run one of a model
+        that cannot share the device: no helper starts one (lock held)."""
         self._threads = 1
         """The intra-op threads of the device thread, read when its loop starts."""
         self._workers: list[BackendWorker] = []
@@ -175,8 +181,8 @@ class Scheduler:
             for lane in Lane:
                 self._flows[(id(worker), lane)] = _Flow(worker, lane, self._clock[lane])
             start = self._running is None
-            # Helpers only for a model that can use them: otherwise each would wake for
-            # nothing at every change of the queues.
+            # Helpers only once a model can use them: otherwise each would wake for nothing at
+            # every change of the queues.
             new: list[threading.Thread] = []
             if worker.concurrent and not self._helpers:
                 new = [
@@ -304,10 +310,10 @@ class Scheduler:
     def _drained(self) -> bool:
         return self._stopping or bool(self._workers and all(w.queue.closed for w in self._workers))
 
-    def _side_by_side(self) -> bool:
-        """Whether units may run beside each other now: several runners, every model's backend
-        able to (lock held)."""
-        return self.runners > 1 and all(w.concurrent for w in self._workers)
+    def _side_by_side(self, flow: _Flow) -> bool:
+        """Whether `flow`'s units may run beside others: helpers exist (several runners, a
+        model able to) and its model's backend is able to."""
+        return bool(self._helpers) and flow.worker.concurrent
 
     def _next(self) -> _Call | _Unit | _Trim | None:
         """Block until there is something to run; None when stopping and all is drained.
@@ -320,14 +326,20 @@ class Scheduler:
                     self._start(wide=True)
                     return call
                 if not self._calls:
-                    unit = self._pick(allow_bulk=True)
-                    if unit is not None:
-                        wide = not self._side_by_side() or (
+                    choice = self._choose(allow_bulk=True)
+                    if choice is not None and (choice[0].worker.concurrent or self._busy == 0):
+                        self._exclusive = False
+                        unit = self._take(*choice)
+                        wide = not self._side_by_side(unit.flow) or (
                             self._busy == 0 and not self._work_waiting()
                         )
                         self._start(wide)
                         return unit
-                    if self._drained():
+                    if choice is not None:
+                        # Its model cannot share the device: the helpers end their units and
+                        # take no new one until this one has run.
+                        self._exclusive = True
+                    elif self._drained():
                         return None
                 rest = self.trimmer.rest_wait() if self._busy == 0 else None
                 if rest == 0:
@@ -338,10 +350,11 @@ class Scheduler:
     def _helpers_may_start(self) -> bool:
         """Whether a helper may take a unit now (lock held): only beside a busy runner (a
         unit that finds every runner idle is the device thread's, which runs it on every
-        thread if nothing else waits), none wide, no call waiting; or the end has come."""
+        thread if nothing else waits), none wide, no call waiting, no unit of a model that
+        cannot share the device waiting for the runners; or the end has come."""
         if self._stopping or not self.alive:
             return True
-        return self._busy > 0 and not self._wide and not self._calls and self._side_by_side()
+        return self._busy > 0 and not self._wide and not self._calls and not self._exclusive
 
     def _next_for_helper(self) -> _Unit | None:
         with self.cond:
@@ -349,14 +362,15 @@ class Scheduler:
                 if self._drained() or not self.alive:
                     return None
                 if self._helpers_may_start():
-                    unit = self._pick(allow_bulk=True)
+                    unit = self._pick(allow_bulk=True, shared_only=True)
                     if unit is not None:
                         self._start(wide=False)
                         return unit
                 self.cond.helpers.wait()
 
     def _work_waiting(self) -> bool:
-        return any(self._ready(f) for f in self._flows.values())
+        """Whether work a helper could take waits (lock held)."""
+        return any(self._ready(f) and f.worker.concurrent for f in self._flows.values())
 
     def _start(self, wide: bool) -> None:
         """This runner begins a unit or call (lock held)."""
@@ -386,36 +400,47 @@ class Scheduler:
                 self._release()
                 self.cond.notify_all()
 
-    def _pick(self, allow_bulk: bool) -> _Unit | None:
-        """The next unit, taken off its queue (lock held). `allow_bulk` is False inside a bulk
-        unit, which is then the bulk work that waits."""
-        interactive = [
-            f for f in self._flows.values() if f.lane is Lane.INTERACTIVE and self._ready(f)
+    def _pick(self, allow_bulk: bool, shared_only: bool = False) -> _Unit | None:
+        """The next unit, taken off its queue (lock held); see `_choose`."""
+        choice = self._choose(allow_bulk, shared_only)
+        return self._take(*choice) if choice is not None else None
+
+    def _choose(self, allow_bulk: bool, shared_only: bool = False) -> tuple[_Flow, bool] | None:
+        """The flow whose unit runs next, and whether it is bulk (lock held). `allow_bulk` is
+        False inside a bulk unit, which is then the bulk work that waits; `shared_only`: only
+        models whose units may run beside others."""
+        flows = [
+            f
+            for f in self._flows.values()
+            if self._ready(f) and (f.worker.concurrent or not shared_only)
         ]
+        interactive = [f for f in flows if f.lane is Lane.INTERACTIVE]
         burst_spent = self._streak >= self.interactive_burst_tokens
         if not allow_bulk:
-            return self._take(interactive, bulk=False) if interactive and not burst_spent else None
-        bulk = [f for f in self._flows.values() if f.lane is Lane.BULK and self._ready(f)]
+            return self._fairest(interactive, False) if interactive and not burst_spent else None
+        bulk = [f for f in flows if f.lane is Lane.BULK]
         if interactive and not (bulk and burst_spent):
-            return self._take(interactive, bulk=False)
-        return self._take(bulk, bulk=True) if bulk else None
+            return self._fairest(interactive, False)
+        return self._fairest(bulk, True) if bulk else None
+
+    def _fairest(self, flows: list[_Flow], bulk: bool) -> tuple[_Flow, bool]:
+        # Start-time fair queueing: a flow that was idle starts at the clock, with no credit.
+        clock = self._clock[flows[0].lane]
+        return min(flows, key=lambda f: max(f.vtime, clock)), bulk
 
     @staticmethod
     def _ready(flow: _Flow) -> bool:
         return flow.worker.queue.has_work(flow.lane)
 
-    def _take(self, flows: list[_Flow], bulk: bool) -> _Unit:
-        lane = flows[0].lane
-        clock = self._clock[lane]
-        # Start-time fair queueing: a flow that was idle starts at the clock, with no credit.
-        flow = min(flows, key=lambda f: max(f.vtime, clock))
-        start = max(flow.vtime, clock)
+    def _take(self, flow: _Flow, bulk: bool) -> _Unit:
+        lane = flow.lane
+        start = max(flow.vtime, self._clock[lane])
         if bulk:
             self._streak = 0
         budget = flow.worker.pass_tokens if bulk else None
         idle = self.runners - self._busy
         queue = flow.worker.queue
-        if idle > 1 and self._side_by_side() and queue.several_requests(lane):
+        if idle > 1 and self._side_by_side(flow) and queue.several_requests(lane):
             # Runners are free beside this one and requests keep coming: the waiting work is
             # shared out among them, which keeps each on its own threads. One request alone
             # runs wide: split in two, a sequential client's requests took 10-15% longer (the
@@ -475,7 +500,8 @@ class Scheduler:
         try:
             while True:
                 with self.cond:
-                    unit = self._pick(allow_bulk=False)
+                    # Beside another runner's unit, only work that may share the device.
+                    unit = self._pick(allow_bulk=False, shared_only=not state.wide)
                 if unit is None:
                     break
                 self._run_unit(unit, nested=True)

@@ -327,19 +327,19 @@ class Scheduler:
                     return call
                 if not self._calls:
                     choice = self._choose(allow_bulk=True)
-                    if choice is not None and (choice[0].worker.concurrent or self._busy == 0):
-                        self._exclusive = False
+                    # A unit of a model that cannot share the device waits for the runners to
+                    # end their units, and they take no new one meanwhile.
+                    self._exclusive = (
+                        choice is not None and not choice[0].worker.concurrent and self._busy > 0
+                    )
+                    if choice is not None and not self._exclusive:
                         unit = self._take(*choice)
                         wide = not self._side_by_side(unit.flow) or (
                             self._busy == 0 and not self._work_waiting()
                         )
                         self._start(wide)
                         return unit
-                    if choice is not None:
-                        # Its model cannot share the device: the helpers end their units and
-                        # take no new one until this one has run.
-                        self._exclusive = True
-                    elif self._drained():
+                    if choice is None and self._drained():
                         return None
                 rest = self.trimmer.rest_wait() if self._busy == 0 else None
                 if rest == 0:

@@ -48,18 +48,19 @@ class Timeline:
     """Starts and ends of several backends' batches, in one order."""
 
     def __init__(self) -> None:
-        self.marks: list[tuple[Watched, str]] = []
+        self.marks: list[tuple[Watched, str, str]] = []
+        """(backend, "start" or "end", thread name)"""
         self._lock = threading.Lock()
 
     def mark(self, backend: Watched, kind: str) -> None:
         with self._lock:
-            self.marks.append((backend, kind))
+            self.marks.append((backend, kind, threading.current_thread().name))
 
     def running(self) -> list[list[Watched]]:
         """After each start, the batches then running (that one included)."""
         now: list[Watched] = []
         seen = []
-        for backend, kind in self.marks:
+        for backend, kind, _ in self.marks:
             if kind == "start":
                 now.append(backend)
                 seen.append(list(now))
@@ -312,10 +313,15 @@ def test_beside_a_model_that_cannot_share_the_others_still_run_side_by_side(
         await until(lambda: len(shared.queue) + len(alone.queue) == 4 * 6)
         release.set()
         # The device thread's unit ends while the helper's waits at the gate: the other
-        # model's unit, next by fair share, waits for the helper.
+        # model's bulk unit, next by fair share, waits for the helper.
         await until(lambda: any(kind == "end" for kind, _, _ in sharing.events))
         await asyncio.sleep(0.2)
         assert lone.calls == []
+        # A query to that model does not wait: it runs now, beside the helper's unit (which
+        # the gate holds for up to MEET_S).
+        query = await asyncio.wait_for(alone.embed([QUERY]), MEET_S / 3)
+        assert len(query.values) == 1
+        assert [kind for kind, _, _ in sharing.events].count("end") == 1
         sharing.gate.set()  # type: ignore[union-attr]
         return [len(result.values) for result in await asyncio.gather(*tasks)]
 
@@ -323,10 +329,37 @@ def test_beside_a_model_that_cannot_share_the_others_still_run_side_by_side(
     assert not sharing.meet.broken
     assert [n for _, n, _ in sharing.calls] == [1, 1]
     assert len({name for name, _, _ in sharing.calls}) == 2
-    # The other model's units ran one at a time, on every thread, with nothing beside them.
-    assert [n for _, n, _ in lone.calls] == [torch.get_num_threads()] * 2
+    # The other model's bulk units ran one at a time, on every thread, with nothing beside them.
+    assert [(n, size) for _, n, size in lone.calls[1:]] == [(torch.get_num_threads(), 6)] * 2
     beside = [running for running in timeline.running() if lone in running]
-    assert beside == [[lone], [lone]]
+    assert beside[1:] == [[lone], [lone]]
+    assert {name for name, _, _ in lone.calls} == {"vp-backend"}
+
+
+def test_a_query_to_a_model_that_cannot_share_runs_inside_the_device_threads_bulk_unit(
+    rig: Callable[..., Rig],
+) -> None:
+    r = rig(2)
+    timeline = Timeline()
+    shared, sharing = r.add(timeline=timeline)
+    alone, lone = r.add(concurrent=False, timeline=timeline)
+    sharing.meet = threading.Barrier(2)
+    sharing.gate = threading.Event()
+
+    async def scenario() -> None:
+        bulks = await queued_while_held(r, shared, *TWO_REQUESTS)
+        # Both runners hold a bulk unit at the gate; the query waits for a preemption point.
+        await until(lambda: len(sharing.calls) == 2)
+        query = asyncio.ensure_future(alone.embed([QUERY]))
+        await until(lambda: len(alone.queue) == 1)
+        sharing.gate.set()  # type: ignore[union-attr]
+        await asyncio.gather(query, *bulks)
+
+    asyncio.run(scenario())
+    assert [(name, size) for name, _, size in lone.calls] == [("vp-backend", 1)]
+    # It ran inside the device thread's bulk unit (at one of its preemption points).
+    device = [(b, kind) for b, kind, thread in timeline.marks if thread == "vp-backend"]
+    assert device == [(sharing, "start"), (lone, "start"), (lone, "end"), (sharing, "end")]
 
 
 def test_a_failing_unit_on_one_runner_fails_only_its_request(rig: Callable[[int], Rig]) -> None:

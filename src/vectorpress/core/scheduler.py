@@ -24,9 +24,11 @@ cost the pass two to three times as much; two units on one thread each share no 
 preempted one loses only its own time. A unit that finds nothing else waiting and no other
 runner busy runs on every thread, as with one runner, and the helpers wait for it: one request
 in flight is not halved. Beside models that cannot share the device (ONNX Runtime, OpenVINO),
-the others' units still run side by side: helpers take only units of models that can, and a
-unit of one that cannot waits until no runner is busy, holds the helpers off meanwhile, and runs
-alone on every thread.
+the others' units still run side by side: helpers take only units of models that can (the
+others' are called on the device thread only), and a bulk unit of one that cannot waits until
+no runner is busy, holds the helpers off meanwhile, and runs alone on every thread. Its
+interactive units do not wait: the device thread runs them at once, or at a preemption point of
+its own bulk unit, beside the helpers' units for their short passes.
 """
 
 from __future__ import annotations
@@ -120,6 +122,8 @@ class _RunnerState(threading.local):
     threads = 0
     """The intra-op threads of its unit (0: none running)."""
     preempted_s = 0.0
+    device = False
+    """The device thread, which alone runs the units of models that cannot share the device."""
 
 
 class Scheduler:
@@ -152,8 +156,8 @@ class Scheduler:
         self._wide = False
         """A unit or call runs on every intra-op thread: no helper starts one (lock held)."""
         self._exclusive = False
-        """The device thread waits for the runners to end their units, to run one of a model
-        that cannot share the device: no helper starts one (lock held)."""
+        """The device thread waits for the runners to end their units, to run a bulk one of a
+        model that cannot share the device: no helper starts one (lock held)."""
         self._threads = 1
         """The intra-op threads of the device thread, read when its loop starts."""
         self._workers: list[BackendWorker] = []
@@ -263,6 +267,7 @@ class Scheduler:
 
     def _main(self) -> None:
         self._threads = torch.get_num_threads()
+        self._local.device = True
         with preemption.installed(self._preempt_point):
             try:
                 while (job := self._next()) is not None:
@@ -327,10 +332,14 @@ class Scheduler:
                     return call
                 if not self._calls:
                     choice = self._choose(allow_bulk=True)
-                    # A unit of a model that cannot share the device waits for the runners to
-                    # end their units, and they take no new one meanwhile.
+                    # A bulk unit of a model that cannot share the device waits for the runners
+                    # to end their units, and they take no new one meanwhile; an interactive
+                    # one runs now (a query never waits for bulk work).
                     self._exclusive = (
-                        choice is not None and not choice[0].worker.concurrent and self._busy > 0
+                        choice is not None
+                        and choice[1]
+                        and not choice[0].worker.concurrent
+                        and self._busy > 0
                     )
                     if choice is not None and not self._exclusive:
                         unit = self._take(*choice)
@@ -350,8 +359,8 @@ class Scheduler:
     def _helpers_may_start(self) -> bool:
         """Whether a helper may take a unit now (lock held): only beside a busy runner (a
         unit that finds every runner idle is the device thread's, which runs it on every
-        thread if nothing else waits), none wide, no call waiting, no unit of a model that
-        cannot share the device waiting for the runners; or the end has come."""
+        thread if nothing else waits), none wide, no call waiting, no bulk unit of a model
+        that cannot share the device waiting for the runners; or the end has come."""
         if self._stopping or not self.alive:
             return True
         return self._busy > 0 and not self._wide and not self._calls and not self._exclusive
@@ -500,8 +509,8 @@ class Scheduler:
         try:
             while True:
                 with self.cond:
-                    # Beside another runner's unit, only work that may share the device.
-                    unit = self._pick(allow_bulk=False, shared_only=not state.wide)
+                    # A helper calls only the backends that may share the device.
+                    unit = self._pick(allow_bulk=False, shared_only=not state.device)
                 if unit is None:
                     break
                 self._run_unit(unit, nested=True)

@@ -1,7 +1,7 @@
 """Units side by side on the scheduler's runners (`--device-runners`), on real weights: two
 units that wait run at once, each on one intra-op thread; a lone one runs on every thread; a
-backend that cannot share the device never gets a second runner, and beside other models its
-units run alone while theirs still run side by side; faults and preemption stay per unit.
+backend that cannot share the device never gets a second runner; faults and preemption stay
+per unit.
 
 Concurrency is shown, never timed: two batches that must run at once meet at a barrier (which
 breaks, failing the test, if one of them waits for the other to end).
@@ -44,38 +44,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-class Timeline:
-    """Starts and ends of several backends' batches, in one order."""
-
-    def __init__(self) -> None:
-        self.marks: list[tuple[Watched, str, str]] = []
-        """(backend, "start" or "end", thread name)"""
-        self._lock = threading.Lock()
-
-    def mark(self, backend: Watched, kind: str) -> None:
-        with self._lock:
-            self.marks.append((backend, kind, threading.current_thread().name))
-
-    def running(self) -> list[list[Watched]]:
-        """After each start, the batches then running (that one included)."""
-        now: list[Watched] = []
-        seen = []
-        for backend, kind, _ in self.marks:
-            if kind == "start":
-                now.append(backend)
-                seen.append(list(now))
-            else:
-                now.remove(backend)
-        return seen
-
-
 class Watched:
     """Delegates to a real backend; records each batch's thread, intra-op thread count and
     size, and, with `meet`, holds each batch at a barrier until the other party arrives."""
 
-    def __init__(
-        self, inner: Backend, concurrent: bool = True, timeline: Timeline | None = None
-    ) -> None:
+    def __init__(self, inner: Backend, concurrent: bool = True) -> None:
         self.inner = inner
         self.name = inner.name
         self.dtype = inner.dtype
@@ -85,7 +58,6 @@ class Watched:
         self.concurrent_passes = concurrent
         self.calls: list[tuple[str, int, int]] = []
         self.events: list[tuple[str, int, str]] = []
-        self.timeline = timeline
         self.meet: threading.Barrier | None = None
         self.gate: threading.Event | None = None
         self.gate_thread: str | None = None
@@ -99,8 +71,6 @@ class Watched:
             index = len(self.calls)
             self.calls.append((thread, torch.get_num_threads(), batch.size))
             self.events.append(("start", index, thread))
-        if self.timeline is not None:
-            self.timeline.mark(self, "start")
         if self.meet is not None and batch.size > 1:
             self.meet.wait(MEET_S)
         if self.gate is not None and batch.size > 1 and self.gate_thread in (None, thread):
@@ -112,8 +82,6 @@ class Watched:
         out = self.inner.embed(batch)
         with self._lock:
             self.events.append(("end", index, thread))
-        if self.timeline is not None:
-            self.timeline.mark(self, "end")
         return out
 
     def predict(self, batch: Batch) -> BatchOutput:
@@ -144,12 +112,10 @@ class Rig:
         self.scheduler = Scheduler(runners=runners, trimmer=trimmer)
         self.infers: list[Infer] = []
 
-    def add(
-        self, concurrent: bool = True, timeline: Timeline | None = None, **settings: object
-    ) -> tuple[Infer, Watched]:
+    def add(self, concurrent: bool = True, **settings: object) -> tuple[Infer, Watched]:
         values: dict[str, object] = {"bulk_pass_tokens": UNIT_TOKENS, "tokenization_workers": 1}
         values.update(settings)
-        backend = Watched(self.inner, concurrent, timeline)
+        backend = Watched(self.inner, concurrent)
         ms = ModelSettings(str(self.minilm), **values)  # type: ignore[arg-type]
         infer = build_pipeline(ServerSettings(), ms, self.spec, backend, scheduler=self.scheduler)
         self.infers.append(infer)
@@ -291,75 +257,6 @@ def test_a_backend_that_cannot_share_the_device_gets_no_second_runner(
     assert [n for _, n, _ in backend.calls] == [torch.get_num_threads()] * 2
     # One after the other.
     assert [e[:2] for e in backend.events] == [("start", 0), ("end", 0), ("start", 1), ("end", 1)]
-
-
-def test_beside_a_model_that_cannot_share_the_others_still_run_side_by_side(
-    rig: Callable[..., Rig],
-) -> None:
-    r = rig(2)
-    timeline = Timeline()
-    shared, sharing = r.add(timeline=timeline)
-    alone, lone = r.add(concurrent=False, timeline=timeline)
-    sharing.meet = threading.Barrier(2)  # breaks unless its two units run at once
-    sharing.gate, sharing.gate_thread = threading.Event(), "vp-runner-1"
-
-    async def scenario() -> list[int]:
-        release = r.hold()
-        tasks = [
-            asyncio.ensure_future(infer.embed(texts, priority="bulk"))
-            for infer in (shared, alone)
-            for texts in TWO_REQUESTS
-        ]
-        await until(lambda: len(shared.queue) + len(alone.queue) == 4 * 6)
-        release.set()
-        # The device thread's unit ends while the helper's waits at the gate: the other
-        # model's bulk unit, next by fair share, waits for the helper.
-        await until(lambda: any(kind == "end" for kind, _, _ in sharing.events))
-        await asyncio.sleep(0.2)
-        assert lone.calls == []
-        # A query to that model does not wait: it runs now, beside the helper's unit (which
-        # the gate holds for up to MEET_S).
-        query = await asyncio.wait_for(alone.embed([QUERY]), MEET_S / 3)
-        assert len(query.values) == 1
-        assert [kind for kind, _, _ in sharing.events].count("end") == 1
-        sharing.gate.set()  # type: ignore[union-attr]
-        return [len(result.values) for result in await asyncio.gather(*tasks)]
-
-    assert asyncio.run(scenario()) == [6] * 4
-    assert not sharing.meet.broken
-    assert [n for _, n, _ in sharing.calls] == [1, 1]
-    assert len({name for name, _, _ in sharing.calls}) == 2
-    # The other model's bulk units ran one at a time, on every thread, with nothing beside them.
-    assert [(n, size) for _, n, size in lone.calls[1:]] == [(torch.get_num_threads(), 6)] * 2
-    beside = [running for running in timeline.running() if lone in running]
-    assert beside[1:] == [[lone], [lone]]
-    assert {name for name, _, _ in lone.calls} == {"vp-backend"}
-
-
-def test_a_query_to_a_model_that_cannot_share_runs_inside_the_device_threads_bulk_unit(
-    rig: Callable[..., Rig],
-) -> None:
-    r = rig(2)
-    timeline = Timeline()
-    shared, sharing = r.add(timeline=timeline)
-    alone, lone = r.add(concurrent=False, timeline=timeline)
-    sharing.meet = threading.Barrier(2)
-    sharing.gate = threading.Event()
-
-    async def scenario() -> None:
-        bulks = await queued_while_held(r, shared, *TWO_REQUESTS)
-        # Both runners hold a bulk unit at the gate; the query waits for a preemption point.
-        await until(lambda: len(sharing.calls) == 2)
-        query = asyncio.ensure_future(alone.embed([QUERY]))
-        await until(lambda: len(alone.queue) == 1)
-        sharing.gate.set()  # type: ignore[union-attr]
-        await asyncio.gather(query, *bulks)
-
-    asyncio.run(scenario())
-    assert [(name, size) for name, _, size in lone.calls] == [("vp-backend", 1)]
-    # It ran inside the device thread's bulk unit (at one of its preemption points).
-    device = [(b, kind) for b, kind, thread in timeline.marks if thread == "vp-backend"]
-    assert device == [(sharing, "start"), (lone, "start"), (lone, "end"), (sharing, "end")]
 
 
 def test_a_failing_unit_on_one_runner_fails_only_its_request(rig: Callable[[int], Rig]) -> None:

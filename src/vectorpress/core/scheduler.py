@@ -23,12 +23,7 @@ loop, the tokenizer or the client has preempted, so the server's own few percent
 cost the pass two to three times as much; two units on one thread each share no barrier, and a
 preempted one loses only its own time. A unit that finds nothing else waiting and no other
 runner busy runs on every thread, as with one runner, and the helpers wait for it: one request
-in flight is not halved. Beside models that cannot share the device (ONNX Runtime, OpenVINO),
-the others' units still run side by side: helpers take only units of models that can (the
-others' are called on the device thread only), and a bulk unit of one that cannot waits until
-no runner is busy, holds the helpers off meanwhile, and runs alone on every thread. Its
-interactive units do not wait: the device thread runs them at once, or at a preemption point of
-its own bulk unit, beside the helpers' units for their short passes.
+in flight is not halved.
 """
 
 from __future__ import annotations
@@ -122,8 +117,6 @@ class _RunnerState(threading.local):
     threads = 0
     """The intra-op threads of its unit (0: none running)."""
     preempted_s = 0.0
-    device = False
-    """The device thread, which alone runs the units of models that cannot share the device."""
 
 
 class Scheduler:
@@ -148,16 +141,13 @@ class Scheduler:
         self.alive = True
         """False once the device thread has died: every queue then refuses new work."""
         self.runners = max(1, runners)
-        """Threads that run units (the device thread and helpers), for the models that allow."""
+        """Threads that run units (the device thread and helpers), where every model allows."""
         self._local = _RunnerState()
         self._helpers: list[threading.Thread] = []
         self._busy = 0
         """Runners in a unit or a call now (lock held)."""
         self._wide = False
         """A unit or call runs on every intra-op thread: no helper starts one (lock held)."""
-        self._exclusive = False
-        """The device thread waits for the runners to end their units, to run a bulk one of a
-        model that cannot share the device: no helper starts one (lock held)."""
         self._threads = 1
         """The intra-op threads of the device thread, read when its loop starts."""
         self._workers: list[BackendWorker] = []
@@ -185,8 +175,8 @@ class Scheduler:
             for lane in Lane:
                 self._flows[(id(worker), lane)] = _Flow(worker, lane, self._clock[lane])
             start = self._running is None
-            # Helpers only once a model can use them: otherwise each would wake for nothing at
-            # every change of the queues.
+            # Helpers only for a model that can use them: otherwise each would wake for
+            # nothing at every change of the queues.
             new: list[threading.Thread] = []
             if worker.concurrent and not self._helpers:
                 new = [
@@ -267,7 +257,6 @@ class Scheduler:
 
     def _main(self) -> None:
         self._threads = torch.get_num_threads()
-        self._local.device = True
         with preemption.installed(self._preempt_point):
             try:
                 while (job := self._next()) is not None:
@@ -315,10 +304,10 @@ class Scheduler:
     def _drained(self) -> bool:
         return self._stopping or bool(self._workers and all(w.queue.closed for w in self._workers))
 
-    def _side_by_side(self, flow: _Flow) -> bool:
-        """Whether `flow`'s units may run beside others: helpers exist (several runners, a
-        model able to) and its model's backend is able to."""
-        return bool(self._helpers) and flow.worker.concurrent
+    def _side_by_side(self) -> bool:
+        """Whether units may run beside each other now: several runners, every model's backend
+        able to (lock held)."""
+        return self.runners > 1 and all(w.concurrent for w in self._workers)
 
     def _next(self) -> _Call | _Unit | _Trim | None:
         """Block until there is something to run; None when stopping and all is drained.
@@ -331,24 +320,14 @@ class Scheduler:
                     self._start(wide=True)
                     return call
                 if not self._calls:
-                    choice = self._choose(allow_bulk=True)
-                    # A bulk unit of a model that cannot share the device waits for the runners
-                    # to end their units, and they take no new one meanwhile; an interactive
-                    # one runs now (a query never waits for bulk work).
-                    self._exclusive = (
-                        choice is not None
-                        and choice[1]
-                        and not choice[0].worker.concurrent
-                        and self._busy > 0
-                    )
-                    if choice is not None and not self._exclusive:
-                        unit = self._take(*choice)
-                        wide = not self._side_by_side(unit.flow) or (
+                    unit = self._pick(allow_bulk=True)
+                    if unit is not None:
+                        wide = not self._side_by_side() or (
                             self._busy == 0 and not self._work_waiting()
                         )
                         self._start(wide)
                         return unit
-                    if choice is None and self._drained():
+                    if self._drained():
                         return None
                 rest = self.trimmer.rest_wait() if self._busy == 0 else None
                 if rest == 0:
@@ -359,11 +338,10 @@ class Scheduler:
     def _helpers_may_start(self) -> bool:
         """Whether a helper may take a unit now (lock held): only beside a busy runner (a
         unit that finds every runner idle is the device thread's, which runs it on every
-        thread if nothing else waits), none wide, no call waiting, no bulk unit of a model
-        that cannot share the device waiting for the runners; or the end has come."""
+        thread if nothing else waits), none wide, no call waiting; or the end has come."""
         if self._stopping or not self.alive:
             return True
-        return self._busy > 0 and not self._wide and not self._calls and not self._exclusive
+        return self._busy > 0 and not self._wide and not self._calls and self._side_by_side()
 
     def _next_for_helper(self) -> _Unit | None:
         with self.cond:
@@ -371,15 +349,14 @@ class Scheduler:
                 if self._drained() or not self.alive:
                     return None
                 if self._helpers_may_start():
-                    unit = self._pick(allow_bulk=True, shared_only=True)
+                    unit = self._pick(allow_bulk=True)
                     if unit is not None:
                         self._start(wide=False)
                         return unit
                 self.cond.helpers.wait()
 
     def _work_waiting(self) -> bool:
-        """Whether work a helper could take waits (lock held)."""
-        return any(self._ready(f) and f.worker.concurrent for f in self._flows.values())
+        return any(self._ready(f) for f in self._flows.values())
 
     def _start(self, wide: bool) -> None:
         """This runner begins a unit or call (lock held)."""
@@ -409,47 +386,36 @@ class Scheduler:
                 self._release()
                 self.cond.notify_all()
 
-    def _pick(self, allow_bulk: bool, shared_only: bool = False) -> _Unit | None:
-        """The next unit, taken off its queue (lock held); see `_choose`."""
-        choice = self._choose(allow_bulk, shared_only)
-        return self._take(*choice) if choice is not None else None
-
-    def _choose(self, allow_bulk: bool, shared_only: bool = False) -> tuple[_Flow, bool] | None:
-        """The flow whose unit runs next, and whether it is bulk (lock held). `allow_bulk` is
-        False inside a bulk unit, which is then the bulk work that waits; `shared_only`: only
-        models whose units may run beside others."""
-        flows = [
-            f
-            for f in self._flows.values()
-            if self._ready(f) and (f.worker.concurrent or not shared_only)
+    def _pick(self, allow_bulk: bool) -> _Unit | None:
+        """The next unit, taken off its queue (lock held). `allow_bulk` is False inside a bulk
+        unit, which is then the bulk work that waits."""
+        interactive = [
+            f for f in self._flows.values() if f.lane is Lane.INTERACTIVE and self._ready(f)
         ]
-        interactive = [f for f in flows if f.lane is Lane.INTERACTIVE]
         burst_spent = self._streak >= self.interactive_burst_tokens
         if not allow_bulk:
-            return self._fairest(interactive, False) if interactive and not burst_spent else None
-        bulk = [f for f in flows if f.lane is Lane.BULK]
+            return self._take(interactive, bulk=False) if interactive and not burst_spent else None
+        bulk = [f for f in self._flows.values() if f.lane is Lane.BULK and self._ready(f)]
         if interactive and not (bulk and burst_spent):
-            return self._fairest(interactive, False)
-        return self._fairest(bulk, True) if bulk else None
-
-    def _fairest(self, flows: list[_Flow], bulk: bool) -> tuple[_Flow, bool]:
-        # Start-time fair queueing: a flow that was idle starts at the clock, with no credit.
-        clock = self._clock[flows[0].lane]
-        return min(flows, key=lambda f: max(f.vtime, clock)), bulk
+            return self._take(interactive, bulk=False)
+        return self._take(bulk, bulk=True) if bulk else None
 
     @staticmethod
     def _ready(flow: _Flow) -> bool:
         return flow.worker.queue.has_work(flow.lane)
 
-    def _take(self, flow: _Flow, bulk: bool) -> _Unit:
-        lane = flow.lane
-        start = max(flow.vtime, self._clock[lane])
+    def _take(self, flows: list[_Flow], bulk: bool) -> _Unit:
+        lane = flows[0].lane
+        clock = self._clock[lane]
+        # Start-time fair queueing: a flow that was idle starts at the clock, with no credit.
+        flow = min(flows, key=lambda f: max(f.vtime, clock))
+        start = max(flow.vtime, clock)
         if bulk:
             self._streak = 0
         budget = flow.worker.pass_tokens if bulk else None
         idle = self.runners - self._busy
         queue = flow.worker.queue
-        if idle > 1 and self._side_by_side(flow) and queue.several_requests(lane):
+        if idle > 1 and self._side_by_side() and queue.several_requests(lane):
             # Runners are free beside this one and requests keep coming: the waiting work is
             # shared out among them, which keeps each on its own threads. One request alone
             # runs wide: split in two, a sequential client's requests took 10-15% longer (the
@@ -509,8 +475,7 @@ class Scheduler:
         try:
             while True:
                 with self.cond:
-                    # A helper calls only the backends that may share the device.
-                    unit = self._pick(allow_bulk=False, shared_only=not state.device)
+                    unit = self._pick(allow_bulk=False)
                 if unit is None:
                     break
                 self._run_unit(unit, nested=True)

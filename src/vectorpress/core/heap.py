@@ -30,6 +30,16 @@ def malloc_arenas(tokenizer_threads: int) -> int:
 _M_ARENA_MAX = -8  # glibc's mallopt parameter number
 
 
+def _load_libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc: no arenas to cap, nothing to trim
+        return None
+
+
+_LIBC = _load_libc()
+
+
 def limit_malloc_arenas(arenas: int) -> None:
     """Cap glibc's malloc arenas for threads created from now on.
 
@@ -37,8 +47,9 @@ def limit_malloc_arenas(arenas: int) -> None:
     worker and torch's pool all allocating tensors of ever-different sizes, each arena fragments
     separately, so the server keeps to one per thread that allocates much (`malloc_arenas`).
     """
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, arenas)
+    if _LIBC is not None:
+        with contextlib.suppress(AttributeError):
+            _LIBC.mallopt(_M_ARENA_MAX, arenas)
 
 
 #: Resident memory may grow this much past what a trim left before a trim runs under load: the
@@ -62,15 +73,7 @@ def resident_bytes() -> int | None:
         return None
 
 
-def _libc_trim() -> Callable[[int], int] | None:
-    try:
-        trim: Callable[[int], int] = ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc: nothing to trim
-        return None
-    return trim
-
-
-LIBC_TRIM = _libc_trim()
+LIBC_TRIM: Callable[[int], int] | None = getattr(_LIBC, "malloc_trim", None)
 
 
 class HeapTrimmer:

@@ -72,9 +72,14 @@ def _key(frame: Any) -> str:
     return " < ".join(parts)
 
 
+def _started_device(thread: threading.Thread) -> bool:
+    return thread.name == DEVICE_THREAD and thread.ident is not None
+
+
 def sample(path: Path, stop: threading.Event) -> None:
     """The sampler thread's loop (see the module's doc)."""
-    while not (device := next((t for t in threading.enumerate() if t.name == DEVICE_THREAD), None)):
+    # A thread still starting is listed without its ident: wait until it has one.
+    while not (device := next((t for t in threading.enumerate() if _started_device(t)), None)):
         if stop.wait(0.05):
             return
     assert device.ident is not None
@@ -86,7 +91,10 @@ def sample(path: Path, stop: threading.Event) -> None:
     dumped = started
     while not stop.wait(SAMPLE_EVERY):
         frame = sys._current_frames().get(device.ident)
-        now, cpu = time.perf_counter(), time.clock_gettime(clock)
+        try:
+            now, cpu = time.perf_counter(), time.clock_gettime(clock)
+        except OSError:  # the device thread has ended: the server is stopping
+            return
         row = stacks[_key(frame)]
         row[0] += 1
         row[1] += now - last

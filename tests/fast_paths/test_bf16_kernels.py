@@ -19,6 +19,7 @@ from torch import nn
 from tests.helpers.attention import packed, reference_attention, relative_bias
 from tests.helpers.batches import pooled, tokenized_batches
 from tests.helpers.cpu import needs_kernel
+from tests.helpers.kernels import run_cache
 from tests.helpers.reference import assert_close_vectors
 from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.backends.torch.attention import packed_attention
@@ -46,8 +47,8 @@ HEADS = 3
 
 
 @pytest.fixture(scope="module")
-def kernels(tmp_path_factory: pytest.TempPathFactory) -> CpuKernels:
-    return bf16_kernels(torch.bfloat16, tmp_path_factory.mktemp("kernels"))
+def kernels() -> CpuKernels:
+    return bf16_kernels(torch.bfloat16, run_cache())
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +60,7 @@ def amx(kernels: CpuKernels) -> AmxAttention:
 
 
 @pytest.fixture(scope="module", params=["amx", "dot", "widened"])
-def kernel(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> KernelAttention:
+def kernel(request: pytest.FixtureRequest) -> KernelAttention:
     """Each bfloat16 attention kernel: AMX's where the CPU has it, the dot products' where it
     has AVX512-BF16, the widened one anywhere."""
     if request.param == "amx":
@@ -69,7 +68,7 @@ def kernel(
         return found
     if request.param == "dot" and "avx512_bf16" not in cpu_flags():
         pytest.skip("this CPU has no AVX512-BF16")
-    lib = load_library(tmp_path_factory.mktemp(request.param))
+    lib = load_library(run_cache())
     assert lib is not None
     return DotAttention(lib) if request.param == "dot" else WidenedAttention(lib)
 
@@ -221,15 +220,13 @@ def _layer_norm(n: int, seed: int = 0) -> nn.LayerNorm:
 
 
 @pytest.mark.parametrize("dim", [16, 32, 64, 128])
-def test_an_int8_models_float32_rows_are_rounded_for_the_dot_products(
-    tmp_path_factory: pytest.TempPathFactory, dim: int
-) -> None:
+def test_an_int8_models_float32_rows_are_rounded_for_the_dot_products(dim: int) -> None:
     """`RoundedAttention` (an int8 model's): its float32 rows rounded to bfloat16 give the dot
     products' kernel's sums on those rounded rows, written in float32; a call with a score bias
     goes to the kernel it was given."""
     if "avx512_bf16" not in cpu_flags():
         pytest.skip("this CPU has no AVX512-BF16")
-    lib = load_library(tmp_path_factory.mktemp("rounded"))
+    lib = load_library(run_cache())
     assert lib is not None
     with_bias = FloatAttention(lib)
     rounded, dot = RoundedAttention(lib, with_bias), DotAttention(lib)

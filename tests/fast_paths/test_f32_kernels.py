@@ -18,6 +18,7 @@ from torch import nn
 from tests.helpers.attention import packed, reference_attention, relative_bias
 from tests.helpers.batches import pooled, tokenized_batches
 from tests.helpers.cpu import needs_kernel
+from tests.helpers.kernels import run_cache
 from tests.helpers.reference import assert_close_vectors
 from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.backends.torch.attention import ScoreBias, packed_attention
@@ -36,8 +37,8 @@ HEADS = 3
 
 
 @pytest.fixture(scope="module")
-def kernels(tmp_path_factory: pytest.TempPathFactory) -> CpuKernels:
-    return f32_kernels(torch.float32, tmp_path_factory.mktemp("kernels"))
+def kernels() -> CpuKernels:
+    return f32_kernels(torch.float32, run_cache())
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from bench.corpus import corpus
 
 from tests.helpers.batches import alone_and_together, assert_quantized_close, pooled
 from tests.helpers.cpu import needs_fbgemm, needs_kernel
+from tests.helpers.kernels import run_cache
 from tests.helpers.reference import assert_close_vectors, st_encode
 from tests.helpers.server import LiveServer
 from vectorpress.backends.select import select_backend
@@ -102,10 +103,8 @@ def test_int8_is_refused_where_it_cannot_run(
 @needs_kernel
 @pytest.mark.parametrize("width", [384, 1536, 100])
 @pytest.mark.parametrize("low", [1.0, 0.3])
-def test_the_compiled_row_scaling_gives_torchs_values(
-    tmp_path: Path, width: int, low: float
-) -> None:
-    lib = load_library(tmp_path)
+def test_the_compiled_row_scaling_gives_torchs_values(width: int, low: float) -> None:
+    lib = load_library(run_cache())
     assert lib is not None
     compiled = CompiledScaleRows(lib)
     gen = torch.Generator().manual_seed(width)

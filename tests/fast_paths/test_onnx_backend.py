@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tests.helpers.batches import graph_runs
+from tests.helpers.kernels import warm_kernels
 from tests.helpers.reference import assert_close_vectors, vp_embed
 from tests.helpers.server import LiveServer
 from tests.helpers.texts import mixed_texts
@@ -152,6 +153,7 @@ def test_exported_classification_heads_score_as_the_torch_backend(
         body = {"query": "a short question", "texts": ["its answer", "unrelated"]}
         route = "/rerank"
     scores = []
+    warm_kernels(tmp_path)  # the torch backend's compiled kernel, built once a run
     for backend in ("torch", "onnx"):
         settings = Settings.single(
             model_id=str(folder), backend=backend, huggingface_hub_cache=str(tmp_path)

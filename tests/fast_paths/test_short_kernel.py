@@ -20,6 +20,7 @@ import torch
 from tests.helpers.batches import tokenized_batches
 from tests.helpers.checkpoints import copy_tokenizer, make_tiny, write_st_files
 from tests.helpers.cpu import needs_amx, needs_bf16, needs_kernel, needs_onednn, why_no_kernel
+from tests.helpers.kernels import run_cache
 from tests.helpers.mpnet import mpnet_path
 from tests.helpers.passes import timed_shortcuts
 from tests.helpers.reference import assert_close_vectors, st_encode
@@ -115,14 +116,12 @@ def awkward(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @needs_kernel
 @pytest.mark.parametrize("arch", ARCHS)
-def test_the_kernel_gives_transformers_hidden_states(
-    arch: str, awkward: dict[str, Path], tmp_path: Path
-) -> None:
+def test_the_kernel_gives_transformers_hidden_states(arch: str, awkward: dict[str, Path]) -> None:
     import transformers as tf
 
     folder = awkward[arch]
     spec = _spec(folder)
-    kernel = _kernel(TorchBackend(spec, "cpu", "float32", cache_dir=tmp_path), tmp_path)
+    kernel = _kernel(TorchBackend(spec, "cpu", "float32"), run_cache())
     reference = tf.AutoModel.from_pretrained(folder).eval()
     for lengths, (ids, types, positions, seqs) in _cases(arch, spec.position_offset):
         with torch.inference_mode():
@@ -141,12 +140,10 @@ def test_the_kernel_gives_transformers_hidden_states(
 
 
 @needs_kernel
-def test_short_passes_on_the_kernel_give_sentence_transformers_vectors(
-    minilm: Path, tmp_path: Path
-) -> None:
+def test_short_passes_on_the_kernel_give_sentence_transformers_vectors(minilm: Path) -> None:
     spec = _spec(minilm)
     backend = TorchBackend(spec, "cpu", "float32")
-    kernel = _kernel(backend, tmp_path)
+    kernel = _kernel(backend, run_cache())
     calls: list[int] = []
 
     def counted(*args: Any) -> torch.Tensor:
@@ -175,10 +172,10 @@ def test_short_passes_on_the_kernel_give_sentence_transformers_vectors(
 @needs_kernel
 @pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=needs_bf16)])
 def test_a_texts_values_do_not_depend_on_its_pass_or_the_thread_count(
-    minilm: Path, tmp_path: Path, dtype: str
+    minilm: Path, dtype: str
 ) -> None:
     spec = _spec(minilm)
-    kernel = _kernel(TorchBackend(spec, "cpu", dtype), tmp_path)
+    kernel = _kernel(TorchBackend(spec, "cpu", dtype), run_cache())
     ids, types, positions, seqs = _packed([11, 5, 17, 9], spec.position_offset)
     with torch.inference_mode(), num_threads(2):
         together = kernel(ids, types, positions, seqs)
@@ -196,13 +193,13 @@ def test_a_texts_values_do_not_depend_on_its_pass_or_the_thread_count(
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("amx", [pytest.param(True, marks=needs_amx), False])
 def test_bfloat16_passes_give_the_bfloat16_models_hidden_states(
-    arch: str, amx: bool, awkward: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    arch: str, amx: bool, awkward: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if not amx:  # the float32 path on the bfloat16 weights, as on a CPU without AMX
         monkeypatch.setattr(short_kernel, "amx_ready", lambda lib: False)
     spec = _spec(awkward[arch])
-    backend = TorchBackend(spec, "cpu", "bfloat16", cache_dir=tmp_path)
-    kernel = _kernel(backend, tmp_path)
+    backend = TorchBackend(spec, "cpu", "bfloat16")
+    kernel = _kernel(backend, run_cache())
     assert kernel.bf16 == amx
     encoder = backend.model.encoder
     for lengths, (ids, types, positions, seqs) in _cases(arch, spec.position_offset):
@@ -219,13 +216,11 @@ def test_bfloat16_passes_give_the_bfloat16_models_hidden_states(
 
 @needs_kernel
 @needs_bf16
-def test_bfloat16_short_passes_on_the_kernel_keep_the_bfloat16_bound(
-    minilm: Path, tmp_path: Path
-) -> None:
+def test_bfloat16_short_passes_on_the_kernel_keep_the_bfloat16_bound(minilm: Path) -> None:
     spec = _spec(minilm)
     backend = TorchBackend(spec, "cpu", "bfloat16")
     native = CpuPasses(plan=PassPlan(small_onednn=True, large_onednn=True))
-    kernel = _kernel(backend, tmp_path)
+    kernel = _kernel(backend, run_cache())
     on_kernel = CpuPasses(plan=ON_KERNEL, shortcut=kernel)
     texts = mixed_texts(24, seed=11)
     batches = tokenized_batches(minilm, texts, size=1)
@@ -246,9 +241,7 @@ def test_bfloat16_short_passes_on_the_kernel_keep_the_bfloat16_bound(
 @pytest.mark.slow
 @needs_kernel
 @needs_bf16
-def test_mpnets_most_sensitive_text_keeps_0999_alone_on_the_bfloat16_kernel(
-    tmp_path: Path,
-) -> None:
+def test_mpnets_most_sensitive_text_keeps_0999_alone_on_the_bfloat16_kernel() -> None:
     # A kernel that kept its residual stream and LayerNorms in float32 (more exact) put this
     # text at cosine 0.9972 to float32, where the bfloat16 model gives 0.9999: its outlier
     # dimension follows the model's roundings, so the kernel rounds where the model does.
@@ -261,7 +254,7 @@ def test_mpnets_most_sensitive_text_keeps_0999_alone_on_the_bfloat16_kernel(
     )
     want = TorchBackend(spec, "cpu", "float32").embed(batch).pooled
     backend = TorchBackend(spec, "cpu", "bfloat16")
-    backend.passes = CpuPasses(plan=ON_KERNEL, shortcut=_kernel(backend, tmp_path))
+    backend.passes = CpuPasses(plan=ON_KERNEL, shortcut=_kernel(backend, run_cache()))
     got = backend.embed(batch).pooled
     assert got is not None and want is not None
     assert_close_vectors(got, want, min_cos=0.999, what="mpnet bf16 kernel vs fp32")
@@ -368,12 +361,12 @@ def test_the_kernel_is_offered_only_for_post_norm_layers_in_float32_or_bfloat16(
     awkward: dict[str, Path], tmp_path: Path
 ) -> None:
     modern = TorchBackend(_spec(make_tiny(tmp_path / "modernbert", "modernbert")), "cpu")
-    assert kernel_candidate(modern.model.encoder, torch.float32, tmp_path) is None
+    assert kernel_candidate(modern.model.encoder, torch.float32, run_cache()) is None
     for arch in ARCHS:
         encoder = TorchBackend(_spec(awkward[arch]), "cpu", "float32").model.encoder
-        assert kernel_candidate(encoder, torch.float16, tmp_path) is None
+        assert kernel_candidate(encoder, torch.float16, run_cache()) is None
         if why_no_kernel() is None:
-            assert kernel_candidate(encoder, torch.float32, tmp_path) is not None
-            assert kernel_candidate(encoder, torch.bfloat16, tmp_path) is not None
+            assert kernel_candidate(encoder, torch.float32, run_cache()) is not None
+            assert kernel_candidate(encoder, torch.bfloat16, run_cache()) is not None
     if os.environ.get("VECTORPRESS_PORTABLE_CPU"):
         assert load_library(tmp_path) is None

@@ -17,6 +17,7 @@ import pytest
 
 from tests.helpers.checkpoints import make_bert_family
 from tests.helpers.fake_hub import FakeHub, sha256
+from tests.helpers.kernels import warm_kernels
 from tests.helpers.process import ServerProcess, clean_env, run_to_exit
 
 REPO = "vp-test/tiny-bert"
@@ -73,6 +74,8 @@ def embed(srv: ServerProcess) -> np.ndarray:
 
 
 def start_args(cache: Path, *more: str) -> list[str]:
+    """The server's arguments, its cache holding the compiled kernel as a kept volume would."""
+    warm_kernels(cache)
     return ["--model-id", REPO, "--huggingface-hub-cache", str(cache), "--hf-token", TOKEN, *more]
 
 
@@ -222,6 +225,7 @@ def test_a_local_folder_never_asks_the_hub(
 ) -> None:
     folder = tmp_path / "vp-test" / "tiny-bert"
     shutil.copytree(checkpoints["new"], folder)
+    warm_kernels(tmp_path / "hf-home" / "hub")  # HF_HOME's cache
     with ServerProcess(
         ["--model-id", str(folder)], env=hub_env(hub, tmp_path), logs=tmp_path
     ) as srv:

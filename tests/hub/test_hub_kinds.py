@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from tests.helpers.checkpoints import make_colbert, make_llm_reranker, make_m3, make_tiny
 from tests.helpers.fake_hub import FakeHub
+from tests.helpers.kernels import warm_kernels
 from tests.helpers.process import ServerProcess, clean_env
 from tests.helpers.reference import assert_close_vectors
 from tests.helpers.server import LiveServer
@@ -225,6 +226,7 @@ def test_the_download_takes_what_the_kind_reads_and_serves_it(
     hub = FakeHub()
     hub.add_commit(kind.repo, folder)
     cache = tmp_path / "cache"
+    warm_kernels(cache)  # the compiled kernel, as a kept cache volume holds it
     with hub.serving():
         env = clean_env(
             HF_ENDPOINT=hub.endpoint,

@@ -15,6 +15,7 @@ from bench.report import (
     auto_lines,
     history_rows,
     line_styles,
+    profile_lines,
     targets,
     widen,
 )
@@ -327,3 +328,23 @@ def test_each_plotted_method_gets_a_colour_of_its_own() -> None:
     assert [s["label"] for s in styles] == names
     assert len({s["color"] for s in styles}) == len(names)
     assert [s["linestyle"] for s in styles] == ["-"] * 9 + ["--"] * 2
+
+
+def test_the_pass_profile_shows_int8_beside_bf16_without_a_ceiling_of_its_own() -> None:
+    def profiled(dtype: str, tokens_per_s: float, gemm: float) -> dict[str, Any]:
+        rest = (1 - gemm) / 2
+        return {"dtype": dtype, "tokens": 1000, "tokens_per_s": tokens_per_s, "gemm": gemm,
+                "attention": rest, "other": rest, "gemm_gflops": 150.0}  # fmt: skip
+
+    lines = profile_lines(
+        [profiled("float32", 8_000, 0.86), profiled("bfloat16", 15_000, 0.8),
+         profiled("int8", 19_500, 0.7)],
+        suite(),
+    )  # fmt: skip
+    rows = {line.split(" | ")[0]: line for line in lines if line.startswith("| ")}
+    assert rows["| float32"].startswith("| float32 | 8,000 | 80% | 86% |")  # of 10,000 tok/s
+    assert rows["| bfloat16"].startswith("| bfloat16 | 15,000 | 75% | 80% |")
+    assert rows["| int8"] == "| int8 | 19,500 | - | 70% | 15% | 15% | 150 GFLOP/s, - |"
+    text = " ".join(lines)
+    assert "at most 1 / ((1 - g) + g / 2) = 1.67x the bf16 pass" in text
+    assert "The int8 pass itself ran 1.30x the bf16 pass here, in-process" in text

@@ -125,8 +125,8 @@ def test_mpnet_gets_bfloat16_only_where_the_corpus_holds_it(
     # off): the corpus pass would take minutes to check vectors no user of auto gets.
     if chosen.dtype == "bfloat16" and native_bf16():
         # The corpus' lowest text (202: 0.99967 on a Zen 4) and every sixth for the mix of
-        # lengths; all 300 took a minute of the suite, and bench/run.py reports every text's
-        # lowest cosine each run.
+        # lengths: all 300 took a minute of the suite, and bench/run.py reports the lowest
+        # cosine over all of them each run.
         texts = corpus(300, seed=0)
         batches = tokenized_batches(
             folder, [texts[202], *texts[::6]], 32, 384, position_offset=spec.position_offset

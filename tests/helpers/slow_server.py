@@ -4,6 +4,7 @@ whose every forward pass takes DELAY seconds longer, to hold requests in flight.
 
 from __future__ import annotations
 
+import faulthandler
 import sys
 
 from tests.helpers.checkpoints import minilm_path
@@ -14,6 +15,7 @@ from vectorpress.settings import ModelSettings, ServerSettings, Settings
 
 
 def main() -> None:
+    faulthandler.enable()  # every thread's stack on a fatal signal, for the test's message
     port, delay = int(sys.argv[1]), float(sys.argv[2])
     count = int(sys.argv[3]) if len(sys.argv) > 3 else 1
     models = tuple(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
 import logging
 import os
 import sys
@@ -395,6 +397,10 @@ def warn_unhonoured(settings: Settings) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    # A crash in native code (a kernel, a library's thread at exit) leaves every thread's Python
+    # stack on stderr rather than a bare exit status. (No stderr with a file behind it: none.)
+    with contextlib.suppress(RuntimeError, ValueError, OSError):
+        faulthandler.enable()
     if argv[:1] == ["embed"]:
         from vectorpress.jobs.command import main as embed
 

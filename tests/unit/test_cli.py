@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -116,3 +117,15 @@ def test_serve_subprocess_embeds_hello(tmp_path: Path) -> None:
         assert len(vectors) == 1 and len(vectors[0]) == 384
         assert abs(float(np.linalg.norm(vectors[0])) - 1.0) < 1e-5
     assert srv.stop() == 0, srv.output()[-4000:]
+
+
+def test_a_crash_in_native_code_leaves_every_threads_stack(tmp_path: Path) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    with ServerProcess([], env=env, logs=tmp_path) as srv:
+        assert srv.proc is not None
+        srv.proc.send_signal(signal.SIGABRT)  # what glibc or a C++ runtime raises on a fault
+        assert srv.proc.wait(30) == -signal.SIGABRT
+    out = srv.output()
+    assert "Fatal Python error: Aborted" in out, out[-4000:]
+    # The device thread's stack among the others (waiting for work in the scheduler).
+    assert "Thread 0x" in out and "scheduler.py" in out, out[-4000:]

@@ -409,9 +409,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = settings_from_args(argv)
         configure_logging(settings)
         warn_unhonoured(settings)
-        from vectorpress.server import run
+        from vectorpress.server import exit_after_stop, run
 
         run(settings)
+        exit_after_stop(0)
     except StartupError as exc:
         sys.stderr.write(f"vectorpress: error: {exc}\n")
         return 1

@@ -10,7 +10,7 @@ import sys
 from tests.helpers.checkpoints import minilm_path
 from tests.helpers.faulty import faulty_factory
 from vectorpress.cli import configure_logging
-from vectorpress.server import load, run_event_loop, serve
+from vectorpress.server import exit_after_stop, load, run_event_loop, serve
 from vectorpress.settings import ModelSettings, ServerSettings, Settings
 
 
@@ -33,6 +33,7 @@ def main() -> None:
     for backend in made:
         backend.delay = delay
     run_event_loop(serve(served))
+    exit_after_stop(0)  # as `vectorpress serve` ends
 
 
 if __name__ == "__main__":

@@ -550,18 +550,6 @@ class Method:
     """Parts of `on` left out of --quick (which keeps what the targets need, under 5 minutes)."""
 
 
-def int8_runs() -> bool:
-    """Whether torch's int8 path runs here (fbgemm), for the in-process profile's int8 row."""
-    from vectorpress.backends.torch.int8 import int8_ready
-    from vectorpress.errors import StartupError
-
-    try:
-        int8_ready()
-    except StartupError:
-        return False
-    return True
-
-
 def vectorpress_cmd(model: Path, port: int, *extra: str) -> list[str]:
     return [
         sys.executable, "-m", "vectorpress", "serve", "--model-id", str(model),
@@ -829,9 +817,11 @@ def main() -> None:
         for dtype in ("float32", "bfloat16")
         if main_suite.ceiling["fp32_gflops" if dtype == "float32" else "bf16_gflops"]
     ]
+    from vectorpress.backends.torch.int8 import int8_missing
+
     meta["profile"] = [
         pass_profile(model, main_suite.texts[:PROFILE_TEXTS], dtype)
-        for dtype in profiled + (["int8"] if int8_runs() else [])
+        for dtype in profiled + ([] if int8_missing() else ["int8"])
     ]
     for prof in meta["profile"]:
         log(

@@ -7,19 +7,9 @@ import pytest
 import torch
 
 from vectorpress.backends.torch import short_kernel
-from vectorpress.backends.torch.int8 import int8_ready
+from vectorpress.backends.torch.int8 import int8_missing
 from vectorpress.backends.torch.layers import onednn_supported
 from vectorpress.cpus import cpu_flags
-from vectorpress.errors import StartupError
-
-
-def _int8_missing() -> str | None:
-    try:
-        int8_ready()
-    except StartupError as exc:
-        return str(exc)
-    return None
-
 
 needs_onednn = pytest.mark.skipif(
     not onednn_supported(torch.float32),
@@ -27,8 +17,8 @@ needs_onednn = pytest.mark.skipif(
     "(or VECTORPRESS_PORTABLE_CPU is set)",
 )
 needs_fbgemm = pytest.mark.skipif(
-    _int8_missing() is not None,
-    reason=f"tests --dtype int8, which runs on fbgemm: {_int8_missing()}",
+    int8_missing() is not None,
+    reason=f"tests --dtype int8, which runs on fbgemm: {int8_missing()}",
 )
 
 

@@ -149,6 +149,15 @@ def int8_ready() -> None:
         )
 
 
+def int8_missing() -> str | None:
+    """Why `--dtype int8` cannot run here (`int8_ready`'s error), or None where it can."""
+    try:
+        int8_ready()
+    except StartupError as exc:
+        return str(exc)
+    return None
+
+
 @dataclass(frozen=True)
 class Int8Weights:
     """A linear layer's weights in int8 (without bias), the per-input-channel factor that

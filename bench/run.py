@@ -20,11 +20,11 @@ with 20 passages per query, 1 and 4 in flight, against sentence-transformers'
 `CrossEncoder.predict` on the same checkpoint, one call per query (vectorpress fp32 and bf16;
 --quick: fp32).
 
-Servers (`methods` below): vectorpress fp32 (torch), bf16 when the CPU has AVX512-BF16, int8 (torch
-on fbgemm), the ONNX Runtime backend on an exported fp32 graph and on its int8 quantization
-(`--dtype int8`; without --quick also on the packaged weight-only int8 graph), and Infinity
-(`infinity-emb`, installed by bench/setup_infinity.sh into its own venv) with its torch and
-optimum engines.
+Servers (`methods` below): vectorpress fp32 (torch), bf16 when the CPU has AVX512-BF16, int8
+(torch, on oneDNN's or fbgemm's int8 GEMM, whichever its start-up timed faster), the ONNX Runtime
+backend on an exported fp32 graph and on its int8 quantization (`--dtype int8`; without --quick
+also on the packaged weight-only int8 graph), and Infinity (`infinity-emb`, installed by
+bench/setup_infinity.sh into its own venv) with its torch and optimum engines.
 
 Besides throughput and latency, each server's vectors from the widest one-text load (every corpus
 text once) are compared with sentence-transformers' fp32 vectors of the same texts: the lowest and

@@ -4,8 +4,10 @@ architecture: tests/models/test_fused.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -19,11 +21,20 @@ from tests.helpers.kernels import run_cache
 from tests.helpers.reference import assert_close_vectors, st_encode
 from tests.helpers.server import LiveServer
 from vectorpress.backends.select import select_backend
+from vectorpress.backends.torch import backend as backend_module
 from vectorpress.backends.torch.backend import TorchBackend
 from vectorpress.backends.torch.bf16_kernels import RoundedAttention
 from vectorpress.backends.torch.f32_kernels import FloatAttention
-from vectorpress.backends.torch.int8 import CompiledScaleRows, scale_rows
+from vectorpress.backends.torch.int8 import (
+    CompiledQuantizeRows,
+    CompiledScaleRows,
+    int8_missing,
+    onednn_int8_missing,
+    quantize_rows,
+    scale_rows,
+)
 from vectorpress.backends.torch.layers import fused_linears
+from vectorpress.backends.torch.passes import PassPlan
 from vectorpress.backends.torch.short_kernel import load_library
 from vectorpress.cpus import cpu_flags
 from vectorpress.errors import StartupError
@@ -32,9 +43,30 @@ from vectorpress.settings import ModelSettings, Settings
 from vectorpress.types import Batch
 
 
-@pytest.fixture(scope="module")
-def int8_minilm(minilm: Path) -> TorchBackend:
-    return TorchBackend(load_model_spec(minilm, ModelSettings(str(minilm))), "cpu", "int8")
+@pytest.fixture(scope="module", params=["oneDNN", "fbgemm"])
+def int8_minilm(request: pytest.FixtureRequest, minilm: Path) -> TorchBackend:
+    """all-MiniLM-L6-v2 in int8 on each GEMM: start-up as if its timing had found that one
+    faster on larger passes and the other on short ones (every pass must still take one)."""
+    gemm: str = request.param
+    onednn = gemm == "oneDNN"
+    missing = int8_missing() or (onednn_int8_missing() if onednn else None)
+    if missing is not None:
+        pytest.skip(missing)
+    timed = backend_module.plan_passes
+
+    def timed_as(*args: Any, **kwargs: Any) -> PassPlan:
+        plan = timed(*args, **kwargs)
+        return dataclasses.replace(plan, small_onednn=not onednn, large_onednn=onednn)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(backend_module, "plan_passes", timed_as)
+        backend = TorchBackend(load_model_spec(minilm, ModelSettings(str(minilm))), "cpu", "int8")
+    assert backend.passes.plan.small_onednn == backend.passes.plan.large_onednn == onednn
+    assert all(
+        lin.int8 is not None and lin.int8.kernels == (gemm,)
+        for lin in fused_linears(backend.model.encoder)
+    )
+    return backend
 
 
 @needs_fbgemm
@@ -120,3 +152,30 @@ def test_the_compiled_row_scaling_gives_torchs_values(width: int, low: float) ->
     # A strided input takes torch's ops.
     strided = x.t().contiguous().t()
     assert torch.equal(compiled(strided, unsmooth, low, got_body), want)
+
+
+@needs_kernel
+@pytest.mark.parametrize("width", [384, 1536, 100])
+@pytest.mark.parametrize("low", [1.0, 0.3])
+def test_the_compiled_row_quantization_gives_torchs_values(width: int, low: float) -> None:
+    lib = load_library(run_cache())
+    assert lib is not None
+    compiled = CompiledQuantizeRows(lib)
+    gen = torch.Generator().manual_seed(width)
+    x = torch.randn(333, width, generator=gen) * 3
+    x[5, 7] = 400.0  # an outlier row
+    x[9] = 0.0  # a row of zeros: the scale's floor
+    x[11] = x[11].abs()  # a one-sided row
+    x[12] = -x[12].abs() * 5  # a row far below its range: scaled, not clipped
+    unsmooth = torch.rand(width, generator=gen) + 0.5
+    step = 255 / (1 + low)
+    zero = round(low * step)
+    want_q = torch.empty(333, width, dtype=torch.uint8)
+    got_q = torch.full_like(want_q, 7)
+    want = quantize_rows(x, unsmooth, low, step, zero, want_q)
+    got = compiled(x, unsmooth, low, step, zero, got_q)
+    assert torch.equal(got, want) and torch.equal(got_q, want_q)
+    assert int(want_q.min()) == 0 and int(want_q.max()) == 255  # the whole range is used
+    # A strided input takes torch's ops.
+    strided = x.t().contiguous().t()
+    assert torch.equal(compiled(strided, unsmooth, low, step, zero, got_q), want)

@@ -1,5 +1,5 @@
-"""One int8 linear layer: exact per-row independence, accuracy, and no clipping below its
-calibrated range."""
+"""One int8 linear layer, on each GEMM it holds (fbgemm's, oneDNN's): exact per-row
+independence, accuracy, no clipping below its calibrated range, and the two GEMMs' agreement."""
 
 from __future__ import annotations
 
@@ -10,7 +10,18 @@ import torch
 
 from tests.helpers.cpu import needs_fbgemm
 from vectorpress.backends.common.calibration import weight_levels
-from vectorpress.backends.torch.int8 import Int8Weights
+from vectorpress.backends.torch.int8 import Int8Weights, onednn_int8_missing
+
+# Each test on both GEMMs where this torch build has oneDNN's int8 linear (False: fbgemm's).
+ON_ONEDNN = [
+    False,
+    pytest.param(
+        True,
+        marks=pytest.mark.skipif(
+            onednn_int8_missing() is not None, reason=str(onednn_int8_missing())
+        ),
+    ),
+]
 
 
 def _cosines(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -18,8 +29,9 @@ def _cosines(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 @needs_fbgemm
+@pytest.mark.parametrize("onednn", ON_ONEDNN)
 @pytest.mark.parametrize("low", [1.0, 0.8, 0.3])
-def test_rows_are_independent_and_close_to_float32(low: float) -> None:
+def test_rows_are_independent_and_close_to_float32(low: float, onednn: bool) -> None:
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(96, 384, generator=gen)
     smooth = torch.rand(384, generator=gen) + 0.5
@@ -28,41 +40,62 @@ def test_rows_are_independent_and_close_to_float32(low: float) -> None:
     x = torch.cat(
         [torch.randn(10, 384, generator=gen).clamp_min(-0.2), torch.randn(10, 384, generator=gen)]
     )
-    together = layer(x)
-    alone = torch.cat([layer(x[i : i + 1]) for i in range(len(x))])
+    assert "oneDNN" in layer.kernels or not onednn
+    together = layer(x, onednn=onednn)
+    alone = torch.cat([layer(x[i : i + 1], onednn=onednn) for i in range(len(x))])
     assert torch.equal(together, alone)
     assert _cosines(together, x @ weight.T).min() > 0.999
 
 
 @needs_fbgemm
-def test_a_row_below_the_calibrated_range_is_scaled_not_clipped() -> None:
+@pytest.mark.parametrize("onednn", ON_ONEDNN)
+def test_a_row_below_the_calibrated_range_is_scaled_not_clipped(onednn: bool) -> None:
     gen = torch.Generator().manual_seed(1)
     weight = torch.randn(64, 128, generator=gen)
     layer = Int8Weights.of(weight, torch.ones(128), low=0.2)
     x = torch.randn(3, 128, generator=gen)
     x[1] = -x[1].abs() * 5  # all negative: far outside [-0.2, 1] when scaled by its max
-    y = layer(x)
+    y = layer(x, onednn=onednn)
     assert _cosines(y, x @ weight.T).min() > 0.999
 
 
 @needs_fbgemm
-def test_bias_and_a_shared_workspace_leave_each_layer_its_own_result() -> None:
+@pytest.mark.parametrize("onednn", ON_ONEDNN)
+def test_bias_and_a_shared_workspace_leave_each_layer_its_own_result(onednn: bool) -> None:
     gen = torch.Generator().manual_seed(2)
     wide = Int8Weights.of(torch.randn(48, 256, generator=gen), torch.ones(256))
     narrow = Int8Weights.of(torch.randn(256, 32, generator=gen), torch.ones(32))
     bias = torch.randn(48, generator=gen)
     x, h = torch.randn(7, 256, generator=gen), torch.randn(300, 32, generator=gen)
     with torch.inference_mode():  # the buffer made there serves outside it too
-        narrow(h)
-    first = wide(x, bias)
-    narrow(h)  # a larger input through the same per-thread buffer in between
-    assert torch.equal(wide(x, bias), first)
-    torch.testing.assert_close(first, wide(x) + bias)
+        narrow(h, onednn=onednn)
+    first = wide(x, bias, onednn=onednn)
+    narrow(h, onednn=onednn)  # a larger input through the same per-thread buffer in between
+    assert torch.equal(wide(x, bias, onednn=onednn), first)
+    torch.testing.assert_close(first, wide(x, onednn=onednn) + bias)
     results: list[torch.Tensor] = []
-    thread = threading.Thread(target=lambda: results.append(wide(x, bias)))
+    thread = threading.Thread(target=lambda: results.append(wide(x, bias, onednn=onednn)))
     thread.start()
     thread.join()
     assert torch.equal(results[0], first)
+
+
+@needs_fbgemm
+@pytest.mark.skipif(onednn_int8_missing() is not None, reason=str(onednn_int8_missing()))
+def test_the_two_gemms_agree_and_start_up_keeps_one() -> None:
+    gen = torch.Generator().manual_seed(3)
+    layer = Int8Weights.of(
+        torch.randn(200, 384, generator=gen), torch.rand(384, generator=gen) + 0.5, 0.6
+    )
+    assert layer.kernels == ("fbgemm", "oneDNN")
+    x, bias = torch.randn(37, 384, generator=gen), torch.randn(200, generator=gen)
+    # The same u8 rows and int32 sums: only the float32 outputs' last bits may differ.
+    torch.testing.assert_close(layer(x, bias, onednn=True), layer(x, bias, onednn=False))
+    on_onednn, on_fbgemm = layer.keep(True), layer.keep(False)
+    assert on_onednn.kernels == ("oneDNN",) and on_fbgemm.kernels == ("fbgemm",)
+    # A layer asked for the GEMM it no longer holds runs the one it has.
+    assert torch.equal(on_onednn(x, bias, onednn=False), layer(x, bias, onednn=True))
+    assert torch.equal(on_fbgemm(x, bias, onednn=True), layer(x, bias, onednn=False))
 
 
 @pytest.mark.parametrize(("vnni", "levels"), [(True, 127), (False, 63), (None, 63)])

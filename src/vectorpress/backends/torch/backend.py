@@ -34,12 +34,12 @@ from vectorpress.backends.torch.f32_kernels import f32_kernels
 from vectorpress.backends.torch.heads import ClassificationHead, MLMHead
 from vectorpress.backends.torch.int8 import (
     INT8_PASS_TOKENS,
-    CompiledScaleRows,
+    compiled_rows,
     int8_ready,
+    keep_int8_gemm,
     quantize_linears,
-    scale_rows,
 )
-from vectorpress.backends.torch.layers import onednn_supported
+from vectorpress.backends.torch.layers import fused_linears, onednn_supported
 from vectorpress.backends.torch.passes import (
     CPU_PASS_TOKENS,
     GRAPH,
@@ -304,6 +304,7 @@ class TorchBackend:
         )
         if int8:
             self._quantize(cache_dir or build_cache())
+            self.passes = CpuPasses(INT8_PASS_TOKENS, self._plan_int8(kernels), kernels=kernels)
 
     @staticmethod
     def _shortcuts(
@@ -337,15 +338,46 @@ class TorchBackend:
         """Calibrate on the packaged texts through this backend's own passes, then quantize
         (each layer's input rows scaled on the compiled kernel where it builds)."""
         batch = calibration_batch(self.spec)
-        lib = load_library(cache_dir)
-        scaler = scale_rows if lib is None else CompiledScaleRows(lib)
-        worst = quantize_linears(self.model.encoder, lambda: self._encode(batch), scaler=scaler)
+        rows = compiled_rows(load_library(cache_dir))
+        worst = quantize_linears(self.model.encoder, lambda: self._encode(batch), rows=rows)
         log.info(
             "int8: linear layers quantized; lowest cosine to float32 over %d calibration texts "
             "(mean of the last hidden states): %.4f",
             batch.size,
             worst,
         )
+
+    def _plan_int8(self, kernels: CpuKernels) -> PassPlan:
+        """Every int8 pass on the GEMM (oneDNN's or fbgemm's) that ran the larger pass faster
+        here, the other's weights freed, and short passes on the thread count that ran them
+        faster. One GEMM for all: a text's vector then does not depend on its pass."""
+        encoder = self.model.encoder
+        # The GEMMs part most on passes of the size int8 runs (at 256 tokens the pass's other
+        # work hid their gap in timing noise).
+        larger = (64,) * (INT8_PASS_TOKENS // 64)
+        timed = plan_when_quiet(
+            lambda: plan_passes(
+                encoder,
+                self.spec.position_offset,
+                kernels=kernels,
+                fuse=False,
+                larger=larger,
+                repeats=5,
+                budget=1.0,
+            )
+        )
+        onednn = timed.large_onednn and all(
+            "oneDNN" in linear.int8.kernels
+            for linear in fused_linears(encoder)
+            if linear.int8 is not None
+        )
+        keep_int8_gemm(encoder, onednn)
+        log.info(
+            "int8 passes, as timed here: on %s's GEMM; short ones with %s",
+            "oneDNN" if onednn else "fbgemm",
+            _threads(timed.small_threads),
+        )
+        return PassPlan(onednn, onednn, timed.small_threads)
 
     def _sequences(self, batch: Batch) -> PackedSequences:
         """The batch's bounds, read on the host (no wait for the device); `_on_device` moves

@@ -12,8 +12,18 @@ VNNI (minimum 0.9959 on those 1,200 texts) and 7 bits elsewhere: on AVX2 without
 sums pairs of u8 x s8 products in 16 bits with saturation (255 x 127 x 2 overflows; 255 x 63 x
 2 does not), and 8-bit weights after smoothing lost more to that than they gained (0.988).
 
-fbgemm over oneDNN's int8 linear: level on large passes, 1.5x faster on a short query, and it
-keeps nothing per input shape (oneDNN's primitives do, see `passes.bucket_rows`).
+Two GEMMs: fbgemm's, which takes the scaled float32 rows and quantizes them itself, and
+oneDNN's, which takes them quantized to u8 (by the compiled kernel as it scales them, or by
+torch's ops). Start-up times both on a pass of INT8_PASS_TOKENS (`passes.plan_passes`) and keeps
+one for every pass, so that a text's vector does not depend on the size of its pass either (the
+two round their float32 outputs differently in the last bit). On a Zen 4 (2 cores), alone on
+all-MiniLM-L6-v2's four linear shapes at 2,048 rows: fbgemm's op 15.7 ms, oneDNN's on u8 rows
+9.0 (fbgemm's own on u8 rows 9.5: its fused quantization of a float32 input cost about as much
+again as its GEMM), bfloat16's 19.3; on 16 rows fbgemm's 140 us against oneDNN's 177. The
+model's int8 pass on the 600-text corpus (batches of 32, three alternated rounds) ran
+21,128-22,657 tokens/s on oneDNN against 17,736-19,285 on fbgemm and bfloat16's 15,560-16,067.
+oneDNN keeps a primitive per input shape, so its passes are padded to a few row counts
+(`passes.bucket_rows`).
 
 Attention, between the int8 GEMMs, takes float32 rows. Where the CPU has AVX512-BF16 it runs on
 the dot products' kernel, the rows rounded to bfloat16 as they are laid out
@@ -27,6 +37,7 @@ lowest fell to 0.98886 (0.99129 unrounded), under the 0.99 bound."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import threading
 import warnings
 from collections.abc import Callable
@@ -56,19 +67,21 @@ _LINEAR = "linear_with_input_q_dq_qweight_dq_output_fp32"
 
 
 class _Workspace(threading.local):
-    """A float buffer per thread that a layer's scaled input is written into: a new tensor of a
-    pass's size each time comes from fresh pages (mmap), and the faults cost more than the
-    multiplication that fills it."""
+    """Buffers per thread (one per dtype) that a layer's scaled or quantized input is written
+    into: a new tensor of a pass's size each time comes from fresh pages (mmap), and the faults
+    cost more than the multiplication that fills it."""
 
-    buffer = torch.empty(0)
+    def __init__(self) -> None:
+        self.buffers: dict[torch.dtype, torch.Tensor] = {}
 
-    def take(self, rows: int, cols: int) -> torch.Tensor:
-        if self.buffer.numel() < rows * cols:
+    def take(self, rows: int, cols: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        buffer = self.buffers.get(dtype)
+        if buffer is None or buffer.numel() < rows * cols:
             # A plain tensor, even when made under inference_mode: one made there could not be
             # written outside it, and the same layers also run outside (calibration, tests).
             with torch.inference_mode(False):
-                self.buffer = torch.empty(rows * cols)
-        return self.buffer[: rows * cols].view(rows, cols)
+                buffer = self.buffers[dtype] = torch.empty(rows * cols, dtype=dtype)
+        return buffer[: rows * cols].view(rows, cols)
 
 
 _workspace = _Workspace()
@@ -88,6 +101,21 @@ def scale_rows(
     reach_below = body.amin(1, keepdim=True).div_(-low)
     scale = torch.maximum(body.amax(1, keepdim=True), reach_below).clamp_min_(1e-12)
     body.div_(scale)
+    return scale
+
+
+# The same rows quantized to u8 as they are written, for oneDNN's GEMM:
+# `(x, unsmooth, low, step, zero, q) -> scale`, q = clamp(round(row * step) + zero, 0, 255).
+QuantizeRows = Callable[[torch.Tensor, torch.Tensor, float, float, int, torch.Tensor], torch.Tensor]
+
+
+def quantize_rows(
+    x: torch.Tensor, unsmooth: torch.Tensor, low: float, step: float, zero: int, q: torch.Tensor
+) -> torch.Tensor:
+    """`QuantizeRows` on torch's ops (round: to nearest even)."""
+    body = torch.empty_like(x)
+    scale = scale_rows(x, unsmooth, low, body)
+    q.copy_(body.mul_(step).round_().add_(zero).clamp_(0, 255))
     return scale
 
 
@@ -131,6 +159,84 @@ class CompiledScaleRows:
         return scale
 
 
+class CompiledQuantizeRows:
+    """`QuantizeRows` in one pass over each row's values on the compiled kernel's library
+    (`short_kernel.c`), the same values as `quantize_rows`."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.run = lib.vp_int8_quantize_rows
+        self.run.restype = None
+        self.run.argtypes = [
+            ctypes.c_void_p,  # x
+            ctypes.c_int64,  # rows
+            ctypes.c_int64,  # n
+            ctypes.c_void_p,  # unsmooth
+            ctypes.c_float,  # low
+            ctypes.c_float,  # step
+            ctypes.c_int32,  # zero
+            ctypes.c_void_p,  # q
+            ctypes.c_void_p,  # scale
+            ctypes.c_int,  # threads
+        ]
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        unsmooth: torch.Tensor,
+        low: float,
+        step: float,
+        zero: int,
+        q: torch.Tensor,
+    ) -> torch.Tensor:
+        if not (x.dtype == torch.float32 and x.is_contiguous() and x.device.type == "cpu"):
+            return quantize_rows(x, unsmooth, low, step, zero, q)
+        rows, n = x.shape
+        scale = torch.empty(rows, 1)
+        self.run(
+            x.data_ptr(),
+            rows,
+            n,
+            unsmooth.data_ptr(),
+            low,
+            step,
+            zero,
+            q.data_ptr(),
+            scale.data_ptr(),
+            torch.get_num_threads(),
+        )
+        return scale
+
+
+@dataclass(frozen=True)
+class RowScaling:
+    """How an int8 linear's input rows are scaled: into float32 (fbgemm's GEMM) or to u8
+    (oneDNN's)."""
+
+    scale: ScaleRows
+    quantize: QuantizeRows
+
+
+TORCH_ROWS = RowScaling(scale_rows, quantize_rows)
+
+
+def compiled_rows(lib: ctypes.CDLL | None) -> RowScaling:
+    """The row scaling on the compiled kernel's library where it is loaded, else torch's ops."""
+    if lib is None:
+        return TORCH_ROWS
+    return RowScaling(CompiledScaleRows(lib), CompiledQuantizeRows(lib))
+
+
+def onednn_int8_missing() -> str | None:
+    """Why oneDNN's int8 linear cannot run here, or None where it can."""
+    if portable_cpu():
+        return "VECTORPRESS_PORTABLE_CPU is set"
+    if not torch.backends.mkldnn.is_available():
+        return "this torch build has no oneDNN"
+    if not all(hasattr(torch.ops.onednn, op) for op in ("qlinear_prepack", "qlinear_pointwise")):
+        return "this torch build has no oneDNN int8 linear"
+    return None
+
+
 def int8_ready() -> None:
     """Raise unless this torch build runs fbgemm's int8 linear (x86 CPUs)."""
     engines = torch.backends.quantized.supported_engines
@@ -160,17 +266,21 @@ def int8_missing() -> str | None:
 
 @dataclass(frozen=True)
 class Int8Weights:
-    """A linear layer's weights in int8 (without bias), the per-input-channel factor that
-    undoes their smoothing on the activation side, and the fixed range its inputs' rows are
-    scaled into: [-low, 1], quantized to u8 on `in_scale` and `in_zero`."""
+    """A linear layer's weights in int8 (without bias) for fbgemm's GEMM and oneDNN's (either
+    may be dropped once start-up has chosen, `keep`), the per-input-channel factor that undoes
+    their smoothing on the activation side, and the fixed range its inputs' rows are scaled
+    into: [-low, 1], quantized to u8 on `in_scale` and `in_zero`."""
 
-    packed: Any  # fbgemm's prepacked weight (a torch script object)
+    packed: Any  # fbgemm's prepacked weight (a torch script object), or None
     linear: Any  # fbgemm's int8 linear (`_LINEAR`), looked up once
+    onednn_packed: torch.Tensor | None  # oneDNN's, reordered for its GEMM
+    weight_scales: torch.Tensor  # per output channel, float32 (oneDNN's)
+    weight_zeros: torch.Tensor  # all 0 (symmetric), as oneDNN's GEMM takes them
     unsmooth: torch.Tensor
     low: float
     in_scale: float
     in_zero: int
-    scale_rows: ScaleRows = scale_rows
+    rows: RowScaling = TORCH_ROWS
 
     @classmethod
     def of(
@@ -178,7 +288,9 @@ class Int8Weights:
         weight: torch.Tensor,
         smooth: torch.Tensor,
         low: float = 1.0,
-        scaler: ScaleRows = scale_rows,
+        rows: RowScaling = TORCH_ROWS,
+        *,
+        onednn: bool = True,
     ) -> Int8Weights:
         w = weight.detach().float() * smooth
         scale = (w.abs().amax(1) / WEIGHT_LEVELS).clamp_min(1e-12)
@@ -191,18 +303,61 @@ class Int8Weights:
         low = row_range(low)
         in_scale = (1 + low) / 255
         linear = getattr(torch.ops.quantized, _LINEAR)
-        return cls(
+        layer = cls(
             packed,
             linear,
+            None,
+            q.q_per_channel_scales().float(),
+            zeros,
             (1.0 / smooth).contiguous(),
             low,
             in_scale,
             round(low / in_scale),
-            scaler,
+            rows,
+        )
+        if not onednn or onednn_int8_missing() is not None:
+            return layer
+        return layer._with_onednn(q.int_repr())
+
+    def _with_onednn(self, weight: torch.Tensor) -> Int8Weights:
+        """This layer with oneDNN's packed weights too, where its GEMM gives fbgemm's results
+        on a probe (to the last bits the two round differently)."""
+        try:
+            both = dataclasses.replace(
+                self, onednn_packed=torch.ops.onednn.qlinear_prepack(weight, None)
+            )
+            probe = torch.randn(
+                7, weight.shape[1], generator=torch.Generator().manual_seed(0)
+            ).clamp_min(-self.low)
+            got, want = both(probe, onednn=True), both(probe, onednn=False)
+        except (RuntimeError, TypeError, AttributeError):
+            return self
+        if not torch.allclose(got, want, rtol=1e-4, atol=1e-4 * (1 + float(want.abs().max()))):
+            return self
+        return both
+
+    @property
+    def kernels(self) -> tuple[str, ...]:
+        """The GEMMs this layer can run on."""
+        return tuple(
+            name
+            for name, packed in (("fbgemm", self.packed), ("oneDNN", self.onednn_packed))
+            if packed is not None
         )
 
-    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """`x @ weight.T + bias`, with each row of `x` quantized on its own scale."""
+    def keep(self, onednn: bool) -> Int8Weights:
+        """This layer with only the GEMM chosen for every pass (where it has that one)."""
+        if onednn and self.onednn_packed is not None:
+            return dataclasses.replace(self, packed=None)
+        if not onednn and self.packed is not None:
+            return dataclasses.replace(self, onednn_packed=None)
+        return self
+
+    def __call__(
+        self, x: torch.Tensor, bias: torch.Tensor | None = None, *, onednn: bool = True
+    ) -> torch.Tensor:
+        """`x @ weight.T + bias`, with each row of `x` quantized on its own scale, on oneDNN's
+        GEMM where asked and held (else fbgemm's)."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         # Every row is scaled into [-low, 1] (a row that goes lower than its layer met in
@@ -211,18 +366,47 @@ class Int8Weights:
         # gives one-sided inputs, as after GELU, a finer scale: on all-MiniLM-L6-v2 the FFN
         # outputs' inputs have low 0.77-0.97, and the lowest cosine to float32 on the corpus
         # rose from 0.9919 with [-1, 1] to 0.9927.
-        body = _workspace.take(x.shape[0], shape[-1])
-        scale = self.scale_rows(x, self.unsmooth, self.low, body)
-        y: torch.Tensor = self.linear(body, self.in_scale, self.in_zero, self.packed)
+        y: torch.Tensor
+        if self.onednn_packed is not None and (onednn or self.packed is None):
+            q = _workspace.take(x.shape[0], shape[-1], torch.uint8)
+            scale = self.rows.quantize(
+                x, self.unsmooth, self.low, 1 / self.in_scale, self.in_zero, q
+            )
+            y = torch.ops.onednn.qlinear_pointwise(
+                q,
+                self.in_scale,
+                self.in_zero,
+                self.onednn_packed,
+                self.weight_scales,
+                self.weight_zeros,
+                None,
+                1.0,
+                0,
+                torch.float32,
+                "none",
+                [],
+                "",
+            )
+        else:
+            body = _workspace.take(x.shape[0], shape[-1])
+            scale = self.rows.scale(x, self.unsmooth, self.low, body)
+            y = self.linear(body, self.in_scale, self.in_zero, self.packed)
         y = y.mul_(scale) if bias is None else torch.addcmul(bias, y, scale, out=y)
         return y.view(*shape[:-1], y.shape[-1])
+
+
+def keep_int8_gemm(encoder: nn.Module, onednn: bool) -> None:
+    """Every int8 layer of `encoder` on the GEMM start-up chose (the other's weights freed)."""
+    for linear in fused_linears(encoder):
+        if linear.int8 is not None:
+            linear.int8 = linear.int8.keep(onednn)
 
 
 def quantize_linears(
     encoder: nn.Module,
     forward: Callable[[], tuple[torch.Tensor, PackedSequences]],
     alpha: float = ALPHA,
-    scaler: ScaleRows = scale_rows,
+    rows: RowScaling = TORCH_ROWS,
 ) -> float:
     """Calibrate on `forward` (the calibration batch through the encoder), turn every
     FusedLinear of `encoder` to int8, and return the lowest cosine between the int8 and the
@@ -253,7 +437,7 @@ def quantize_linears(
             forward()
         for linear in linears:
             linear.int8 = Int8Weights.of(
-                linear.weight, smooth[id(linear)], low.get(id(linear), 1.0), scaler
+                linear.weight, smooth[id(linear)], low.get(id(linear), 1.0), rows
             )
         ran: set[int] = set()
         plain = [m for m in encoder.modules() if isinstance(m, nn.Linear)]

@@ -108,7 +108,8 @@ _kernel = _Kernel()
 @contextmanager
 def onednn_linears(enabled: bool) -> Iterator[None]:
     """Whether FusedLinear layers run their packed oneDNN weights in this block, on this
-    thread; with False they take F.linear (see passes.plan_passes for why both)."""
+    thread; with False they take F.linear (see passes.plan_passes for why both). Int8 layers
+    take oneDNN's int8 GEMM or fbgemm's alike, of those they hold (int8.py)."""
     before = _kernel.onednn
     _kernel.onednn = enabled
     try:
@@ -216,7 +217,7 @@ class FusedLinear:
         if _kernel.observe is not None:
             _kernel.observe(self, x)
         if self.int8 is not None:
-            y = self.int8(x, self.bias)
+            y = self.int8(x, self.bias, onednn=_kernel.onednn)
             return self.act_(y) if self.act_ is not None else y
         if self.packed is None or not _kernel.onednn:
             return self._fallback(x)

@@ -146,6 +146,8 @@ def plan_passes(
     repeats: int = 3,
     budget: float = 0.3,
     margin: float = 0.05,
+    fuse: bool = True,
+    larger: tuple[int, ...] = (64,) * 4,
 ) -> PassPlan:
     """Time the model's own forward for a short query and for a mid-sized pass, on oneDNN and
     on F.linear (the short query also on one thread and on all, and on each of `shortcuts` at
@@ -160,8 +162,12 @@ def plan_passes(
     GFLOP/s each, in float32 and, at 400-440, in bfloat16. Two threads run a short query 1.5x
     faster than one on an idle machine, but 10x slower when other processes hold the cores
     (each op's barrier waits for a thread that is not scheduled).
+
+    `fuse=False` times the encoder's linears as they are built (int8's: oneDNN's int8 GEMM or
+    fbgemm's); `larger` is the sequence lengths of the larger pass timed.
     """
-    encoder.fuse(True)
+    if fuse:
+        encoder.fuse(True)
     available = torch.get_num_threads()
 
     def timed(lengths: list[int], onednn: bool, threads: int, run: Encoder | None = None) -> float:
@@ -189,6 +195,12 @@ def plan_passes(
     def pick(lengths: list[int], try_one_thread: bool) -> tuple[bool, int, float]:
         on_onednn = timed(lengths, True, available)
         on_f_linear = timed(lengths, False, available)
+        log.debug(
+            "a %d-token pass: %.2f ms on oneDNN, %.2f without",
+            sum(lengths),
+            1e3 * on_onednn,
+            1e3 * on_f_linear,
+        )
         onednn = on_onednn < (1 - margin) * on_f_linear
         best = on_onednn if onednn else on_f_linear
         if try_one_thread and available > 1:
@@ -212,7 +224,7 @@ def plan_passes(
     # Larger passes keep every thread: they split well, and a start-up that met other work on
     # the cores timed one thread faster and would have halved the throughput for good (seen
     # with bfloat16 while a test suite ran beside it).
-    large_onednn, _, _ = pick([64] * 4, try_one_thread=False)
+    large_onednn, _, _ = pick(list(larger), try_one_thread=False)
     if chosen is not None:
         name, threads = chosen
         return PassPlan(False, large_onednn, threads, small_shortcut=name)

@@ -311,6 +311,43 @@ void vp_int8_scale_rows(const float *x, int64_t rows, int64_t n, const float *u,
     }
 }
 
+/* vp_int8_scale_rows's rows quantized as they are written: q = clamp(rint((x u / s) * step)
+   + zero, 0, 255) in u8 (round to nearest even, as torch.round), for oneDNN's int8 linear,
+   which takes its input in u8 where fbgemm's takes the float32 rows and quantizes them itself
+   in one more pass over them. */
+void vp_int8_quantize_rows(const float *x, int64_t rows, int64_t n, const float *u, float low,
+                           float step, int32_t zero, uint8_t *q, float *scale, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        uint8_t *qr = q + r * n;
+        __m512 lo = _mm512_set1_ps(INFINITY), hi = _mm512_set1_ps(-INFINITY);
+        for (int64_t c = 0; c < n; c += 16) {
+            __mmask16 m = lanes(n - c);
+            __m512 t =
+                _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + c), _mm512_maskz_loadu_ps(m, u + c));
+            lo = _mm512_mask_min_ps(lo, m, lo, t);
+            hi = _mm512_mask_max_ps(hi, m, hi, t);
+        }
+        float below = _mm512_reduce_min_ps(lo) / -low, top = _mm512_reduce_max_ps(hi);
+        float s = top > below ? top : below;
+        s = s > 1e-12f ? s : 1e-12f;
+        __m512 sv = _mm512_set1_ps(s), stepv = _mm512_set1_ps(step);
+        __m512i zv = _mm512_set1_epi32(zero), none = _mm512_setzero_si512();
+        for (int64_t c = 0; c < n; c += 16) {
+            __mmask16 m = lanes(n - c);
+            /* x u again (the row is still in L1) rather than a float32 row written and read. */
+            __m512 t =
+                _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + c), _mm512_maskz_loadu_ps(m, u + c));
+            __m512 v = _mm512_mul_ps(_mm512_div_ps(t, sv), stepv);
+            __m512i i = _mm512_add_epi32(
+                _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zv);
+            _mm512_mask_cvtusepi32_storeu_epi8(qr + c, m, _mm512_max_epi32(i, none));
+        }
+        scale[r] = s;
+    }
+}
+
 /* The start of a softmax over a row of scores s[0..len) (Q K^T): the scores scaled and their
    bias `add` added in place where there is one, the row's largest found (two chains); returns
    the factor c that takes a score to base 2 (e^x = 2^(x log2 e)), c times the largest in

@@ -5,6 +5,7 @@ architecture: tests/models/test_fused.py)."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from vectorpress.backends.torch.f32_kernels import FloatAttention
 from vectorpress.backends.torch.int8 import (
     CompiledQuantizeRows,
     CompiledScaleRows,
+    Int8Weights,
     int8_missing,
     onednn_int8_missing,
     quantize_rows,
@@ -179,3 +181,28 @@ def test_the_compiled_row_quantization_gives_torchs_values(width: int, low: floa
     # A strided input takes torch's ops.
     strided = x.t().contiguous().t()
     assert torch.equal(compiled(strided, unsmooth, low, step, zero, got_q), want)
+
+
+@needs_fbgemm
+@pytest.mark.skipif(onednn_int8_missing() is not None, reason=str(onednn_int8_missing()))
+@pytest.mark.parametrize("slower", ["oneDNN", "fbgemm"])
+def test_start_up_keeps_the_int8_gemm_that_ran_its_pass_faster(
+    tiny_bert_family: Callable[..., Path], slower: str
+) -> None:
+    folder = tiny_bert_family()
+    real = Int8Weights.__call__
+
+    def delayed(self: Int8Weights, x: torch.Tensor, *args: Any, onednn: bool = True) -> Any:
+        on_onednn = self.onednn_packed is not None and (onednn or self.packed is None)
+        if ("oneDNN" if on_onednn else "fbgemm") == slower:
+            time.sleep(0.005)  # far above a loaded machine's noise on a tiny model's pass
+        return real(self, x, *args, onednn=onednn)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Int8Weights, "__call__", delayed)
+        backend = TorchBackend(load_model_spec(folder, ModelSettings(str(folder))), "cpu", "int8")
+    kept = "fbgemm" if slower == "oneDNN" else "oneDNN"
+    linears = fused_linears(backend.model.encoder)
+    assert linears and all(lin.int8 is not None and lin.int8.kernels == (kept,) for lin in linears)
+    plan = backend.passes.plan
+    assert plan.small_onednn == plan.large_onednn == (kept == "oneDNN")

@@ -88,8 +88,10 @@ def test_the_two_gemms_agree_and_start_up_keeps_one() -> None:
         torch.randn(200, 384, generator=gen), torch.rand(384, generator=gen) + 0.5, 0.6
     )
     assert layer.kernels == ("fbgemm", "oneDNN")
-    x, bias = torch.randn(37, 384, generator=gen), torch.randn(200, generator=gen)
-    # The same u8 rows and int32 sums: only the float32 outputs' last bits may differ.
+    x, bias = torch.randn(2000, 384, generator=gen), torch.randn(200, generator=gen)
+    # The same u8 rows (oneDNN's from the kernel that scales them, fbgemm's from its own
+    # quantization of the float32 rows) and int32 sums: only the float32 outputs' last bits may
+    # differ. A u8 value apart anywhere moves its row's outputs by some 1e-3.
     torch.testing.assert_close(layer(x, bias, onednn=True), layer(x, bias, onednn=False))
     on_onednn, on_fbgemm = layer.keep(True), layer.keep(False)
     assert on_onednn.kernels == ("oneDNN",) and on_fbgemm.kernels == ("fbgemm",)

@@ -199,6 +199,15 @@ def _cpu_kernels(dtype: torch.dtype, cache_dir: Path, int8: bool = False) -> Cpu
     return dataclasses.replace(kernels, attention=rounded)
 
 
+# fbgemm's int8 GEMM is kept only where it runs an int8 pass this much faster than oneDNN's:
+# on the Zen 4 oneDNN's ran it 1.1-1.2x faster and its resident memory stayed flat (426-429 MiB
+# at rest over 3,000 batches of 1-64 corpus texts, heap trimmed) where fbgemm's crept (367 ->
+# 404 MiB over 1,500), and where the CPU has AMX oneDNN's runs on its int8 tiles; a start that
+# timed the two while another process held a core had picked fbgemm when oneDNN had to win by
+# 5%.
+INT8_FBGEMM_MARGIN = 0.05
+
+
 def _threads(n: int) -> str:
     return "1 thread" if n == 1 else "all threads"
 
@@ -348,9 +357,10 @@ class TorchBackend:
         )
 
     def _plan_int8(self, kernels: CpuKernels) -> PassPlan:
-        """Every int8 pass on the GEMM (oneDNN's or fbgemm's) that ran the larger pass faster
-        here, the other's weights freed, and short passes on the thread count that ran them
-        faster. One GEMM for all: a text's vector then does not depend on its pass."""
+        """Every int8 pass on oneDNN's GEMM unless fbgemm's ran the larger pass faster here by
+        INT8_FBGEMM_MARGIN, the other's weights freed, and short passes on the thread count
+        that ran them faster. One GEMM for all: a text's vector then does not depend on its
+        pass."""
         encoder = self.model.encoder
         # The GEMMs part most on passes of the size int8 runs (at 256 tokens the pass's other
         # work hid their gap in timing noise).
@@ -364,6 +374,7 @@ class TorchBackend:
                 larger=larger,
                 repeats=5,
                 budget=1.0,
+                margin=-INT8_FBGEMM_MARGIN,
             )
         )
         onednn = timed.large_onednn and all(

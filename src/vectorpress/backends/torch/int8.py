@@ -44,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -105,7 +106,8 @@ def scale_rows(
 
 
 # The same rows quantized to u8 as they are written, for oneDNN's GEMM:
-# `(x, unsmooth, low, step, zero, q) -> scale`, q = clamp(round(row * step) + zero, 0, 255).
+# `(x, unsmooth, low, step, zero, q) -> scale`, q = clamp(round(row * step + zero), 0, 255), the
+# multiply-add rounded once (fbgemm's quantization of the float32 rows gives the same u8).
 QuantizeRows = Callable[[torch.Tensor, torch.Tensor, float, float, int, torch.Tensor], torch.Tensor]
 
 
@@ -115,7 +117,11 @@ def quantize_rows(
     """`QuantizeRows` on torch's ops (round: to nearest even)."""
     body = torch.empty_like(x)
     scale = scale_rows(x, unsmooth, low, body)
-    q.copy_(body.mul_(step).round_().add_(zero).clamp_(0, 255))
+    step = float(np.float32(step))  # the compiled kernel's is a float32
+    # In float64 the product is exact, so its sum with `zero` rounds to float32 as a fused
+    # multiply-add would.
+    fused = body.double().mul_(step).add_(zero).float()
+    q.copy_(fused.round_().clamp_(0, 255))
     return scale
 
 
@@ -370,7 +376,7 @@ class Int8Weights:
         if self.onednn_packed is not None and (onednn or self.packed is None):
             q = _workspace.take(x.shape[0], shape[-1], torch.uint8)
             scale = self.rows.quantize(
-                x, self.unsmooth, self.low, 1 / self.in_scale, self.in_zero, q
+                x, self.unsmooth, self.low, _step(self.in_scale), self.in_zero, q
             )
             y = torch.ops.onednn.qlinear_pointwise(
                 q,
@@ -393,6 +399,12 @@ class Int8Weights:
             y = self.linear(body, self.in_scale, self.in_zero, self.packed)
         y = y.mul_(scale) if bias is None else torch.addcmul(bias, y, scale, out=y)
         return y.view(*shape[:-1], y.shape[-1])
+
+
+def _step(scale: float) -> float:
+    """1 / scale as fbgemm finds it (in float32, from the float32 scale), so that the u8 rows
+    oneDNN's GEMM takes are those fbgemm's quantizes from the float32 rows."""
+    return float(np.float32(1.0) / np.float32(scale))
 
 
 def keep_int8_gemm(encoder: nn.Module, onednn: bool) -> None:

@@ -164,7 +164,8 @@ def plan_passes(
     (each op's barrier waits for a thread that is not scheduled).
 
     `fuse=False` times the encoder's linears as they are built (int8's: oneDNN's int8 GEMM or
-    fbgemm's); `larger` is the sequence lengths of the larger pass timed.
+    fbgemm's); `larger` is the sequence lengths of the larger pass timed; a negative `margin`
+    keeps oneDNN unless it is slower by more than that share.
     """
     if fuse:
         encoder.fuse(True)

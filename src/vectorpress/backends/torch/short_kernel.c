@@ -311,10 +311,11 @@ void vp_int8_scale_rows(const float *x, int64_t rows, int64_t n, const float *u,
     }
 }
 
-/* vp_int8_scale_rows's rows quantized as they are written: q = clamp(rint((x u / s) * step)
-   + zero, 0, 255) in u8 (round to nearest even, as torch.round), for oneDNN's int8 linear,
-   which takes its input in u8 where fbgemm's takes the float32 rows and quantizes them itself
-   in one more pass over them. */
+/* vp_int8_scale_rows's rows quantized as they are written: q = clamp(rint(fma(x u / s, step,
+   zero)), 0, 255) in u8 (to nearest even), for oneDNN's int8 linear, which takes its input in
+   u8 where fbgemm's takes the float32 rows and quantizes them itself in one more pass over
+   them; the same u8 values as fbgemm's quantization (its zero point added before rounding, in
+   one fused multiply-add), so that the two GEMMs sum the same products. */
 void vp_int8_quantize_rows(const float *x, int64_t rows, int64_t n, const float *u, float low,
                            float step, int32_t zero, uint8_t *q, float *scale, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -333,15 +334,15 @@ void vp_int8_quantize_rows(const float *x, int64_t rows, int64_t n, const float 
         float s = top > below ? top : below;
         s = s > 1e-12f ? s : 1e-12f;
         __m512 sv = _mm512_set1_ps(s), stepv = _mm512_set1_ps(step);
-        __m512i zv = _mm512_set1_epi32(zero), none = _mm512_setzero_si512();
+        __m512 zv = _mm512_set1_ps((float)zero);
+        __m512i none = _mm512_setzero_si512();
         for (int64_t c = 0; c < n; c += 16) {
             __mmask16 m = lanes(n - c);
             /* x u again (the row is still in L1) rather than a float32 row written and read. */
             __m512 t =
                 _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + c), _mm512_maskz_loadu_ps(m, u + c));
-            __m512 v = _mm512_mul_ps(_mm512_div_ps(t, sv), stepv);
-            __m512i i = _mm512_add_epi32(
-                _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zv);
+            __m512 v = _mm512_fmadd_ps(_mm512_div_ps(t, sv), stepv, zv);
+            __m512i i = _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
             _mm512_mask_cvtusepi32_storeu_epi8(qr + c, m, _mm512_max_epi32(i, none));
         }
         scale[r] = s;

@@ -134,6 +134,18 @@ def test_int8_is_refused_where_it_cannot_run(
         select_backend(spec, settings.model)
 
 
+def _hard_rows(rows: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows for the compiled row kernels, with the cases they must get right, and an unsmoothing
+    factor."""
+    gen = torch.Generator().manual_seed(width)
+    x = torch.randn(rows, width, generator=gen) * 3
+    x[5, 7] = 400.0  # an outlier row
+    x[9] = 0.0  # a row of zeros: the scale's floor
+    x[11] = x[11].abs()  # a one-sided row
+    x[12] = -x[12].abs() * 5  # a row far below its range: scaled, not clipped
+    return x, torch.rand(width, generator=gen) + 0.5
+
+
 @needs_kernel
 @pytest.mark.parametrize("width", [384, 1536, 100])
 @pytest.mark.parametrize("low", [1.0, 0.3])
@@ -141,12 +153,7 @@ def test_the_compiled_row_scaling_gives_torchs_values(width: int, low: float) ->
     lib = load_library(run_cache())
     assert lib is not None
     compiled = CompiledScaleRows(lib)
-    gen = torch.Generator().manual_seed(width)
-    x = torch.randn(333, width, generator=gen) * 3
-    x[5, 7] = 400.0  # an outlier row
-    x[9] = 0.0  # a row of zeros: the scale's floor
-    x[11] = x[11].abs()  # a one-sided row
-    unsmooth = torch.rand(width, generator=gen) + 0.5
+    x, unsmooth = _hard_rows(333, width)
     want_body, got_body = torch.empty_like(x), torch.full_like(x, float("nan"))
     want = scale_rows(x, unsmooth, low, want_body)
     got = compiled(x, unsmooth, low, got_body)
@@ -163,15 +170,9 @@ def test_the_compiled_row_quantization_gives_torchs_values(width: int, low: floa
     lib = load_library(run_cache())
     assert lib is not None
     compiled = CompiledQuantizeRows(lib)
-    gen = torch.Generator().manual_seed(width)
     # Enough values that a rounding apart from fbgemm's (the zero point added after rounding,
     # or outside one fused multiply-add: a few values in a million) shows.
-    x = torch.randn(3000, width, generator=gen) * 3
-    x[5, 7] = 400.0  # an outlier row
-    x[9] = 0.0  # a row of zeros: the scale's floor
-    x[11] = x[11].abs()  # a one-sided row
-    x[12] = -x[12].abs() * 5  # a row far below its range: scaled, not clipped
-    unsmooth = torch.rand(width, generator=gen) + 0.5
+    x, unsmooth = _hard_rows(3000, width)
     step = 255 / (1 + low)
     zero = round(low * step)
     want_q = torch.empty(3000, width, dtype=torch.uint8)

@@ -125,6 +125,46 @@ def quantize_rows(
     return scale
 
 
+def _row_kernel(lib: ctypes.CDLL, name: str, *middle: Any) -> Any:
+    """One of the library's int8 row functions: `(x, rows, n, unsmooth, low, *middle, scale,
+    threads)`."""
+    run = getattr(lib, name)
+    run.restype = None
+    run.argtypes = [
+        ctypes.c_void_p,  # x
+        ctypes.c_int64,  # rows
+        ctypes.c_int64,  # n
+        ctypes.c_void_p,  # unsmooth
+        ctypes.c_float,  # low
+        *middle,
+        ctypes.c_void_p,  # scale
+        ctypes.c_int,  # threads
+    ]
+    return run
+
+
+def _compiled_takes(x: torch.Tensor) -> bool:
+    return x.dtype == torch.float32 and x.is_contiguous() and x.device.type == "cpu"
+
+
+def _run_rows(
+    run: Any, x: torch.Tensor, unsmooth: torch.Tensor, low: float, *middle: Any
+) -> torch.Tensor:
+    rows, n = x.shape
+    scale = torch.empty(rows, 1)
+    run(
+        x.data_ptr(),
+        rows,
+        n,
+        unsmooth.data_ptr(),
+        low,
+        *middle,
+        scale.data_ptr(),
+        torch.get_num_threads(),
+    )
+    return scale
+
+
 class CompiledScaleRows:
     """`ScaleRows` in one pass over each row on the compiled kernel's library (`short_kernel.c`),
     the same values as `scale_rows`, whose mul, amin, amax and div took 13% of all-MiniLM-L6-v2's
@@ -132,37 +172,14 @@ class CompiledScaleRows:
     three alternated rounds) 34,082-35,072 tokens/s against 32,803-33,545, its vectors the same."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        self.run = lib.vp_int8_scale_rows
-        self.run.restype = None
-        self.run.argtypes = [
-            ctypes.c_void_p,  # x
-            ctypes.c_int64,  # rows
-            ctypes.c_int64,  # n
-            ctypes.c_void_p,  # unsmooth
-            ctypes.c_float,  # low
-            ctypes.c_void_p,  # body
-            ctypes.c_void_p,  # scale
-            ctypes.c_int,  # threads
-        ]
+        self.run = _row_kernel(lib, "vp_int8_scale_rows", ctypes.c_void_p)  # body
 
     def __call__(
         self, x: torch.Tensor, unsmooth: torch.Tensor, low: float, body: torch.Tensor
     ) -> torch.Tensor:
-        if not (x.dtype == torch.float32 and x.is_contiguous() and x.device.type == "cpu"):
+        if not _compiled_takes(x):
             return scale_rows(x, unsmooth, low, body)
-        rows, n = x.shape
-        scale = torch.empty(rows, 1)
-        self.run(
-            x.data_ptr(),
-            rows,
-            n,
-            unsmooth.data_ptr(),
-            low,
-            body.data_ptr(),
-            scale.data_ptr(),
-            torch.get_num_threads(),
-        )
-        return scale
+        return _run_rows(self.run, x, unsmooth, low, body.data_ptr())
 
 
 class CompiledQuantizeRows:
@@ -170,20 +187,10 @@ class CompiledQuantizeRows:
     (`short_kernel.c`), the same values as `quantize_rows`."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        self.run = lib.vp_int8_quantize_rows
-        self.run.restype = None
-        self.run.argtypes = [
-            ctypes.c_void_p,  # x
-            ctypes.c_int64,  # rows
-            ctypes.c_int64,  # n
-            ctypes.c_void_p,  # unsmooth
-            ctypes.c_float,  # low
-            ctypes.c_float,  # step
-            ctypes.c_int32,  # zero
-            ctypes.c_void_p,  # q
-            ctypes.c_void_p,  # scale
-            ctypes.c_int,  # threads
-        ]
+        # step, zero, q
+        self.run = _row_kernel(
+            lib, "vp_int8_quantize_rows", ctypes.c_float, ctypes.c_int32, ctypes.c_void_p
+        )
 
     def __call__(
         self,
@@ -194,23 +201,9 @@ class CompiledQuantizeRows:
         zero: int,
         q: torch.Tensor,
     ) -> torch.Tensor:
-        if not (x.dtype == torch.float32 and x.is_contiguous() and x.device.type == "cpu"):
+        if not _compiled_takes(x):
             return quantize_rows(x, unsmooth, low, step, zero, q)
-        rows, n = x.shape
-        scale = torch.empty(rows, 1)
-        self.run(
-            x.data_ptr(),
-            rows,
-            n,
-            unsmooth.data_ptr(),
-            low,
-            step,
-            zero,
-            q.data_ptr(),
-            scale.data_ptr(),
-            torch.get_num_threads(),
-        )
-        return scale
+        return _run_rows(self.run, x, unsmooth, low, step, zero, q.data_ptr())
 
 
 @dataclass(frozen=True)

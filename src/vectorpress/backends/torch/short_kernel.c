@@ -280,6 +280,24 @@ void vp_add_norm_f32(const float *a, const float *b, int64_t rows, int64_t n, co
 
 enum { TILE_ROWS = 16, TILE_K = 32 };
 
+/* Row xr's scale s = max(max(x u), min(x u) / -low), at least 1e-12; x u written to `out`
+   where it is not NULL. */
+static inline float row_scale(const float *xr, const float *u, int64_t n, float low,
+                              float *out) {
+    __m512 lo = _mm512_set1_ps(INFINITY), hi = _mm512_set1_ps(-INFINITY);
+    for (int64_t c = 0; c < n; c += 16) {
+        __mmask16 m = lanes(n - c);
+        __m512 t =
+            _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + c), _mm512_maskz_loadu_ps(m, u + c));
+        lo = _mm512_mask_min_ps(lo, m, lo, t);
+        hi = _mm512_mask_max_ps(hi, m, hi, t);
+        if (out) _mm512_mask_storeu_ps(out + c, m, t);
+    }
+    float below = _mm512_reduce_min_ps(lo) / -low, top = _mm512_reduce_max_ps(hi);
+    float s = top > below ? top : below;
+    return s > 1e-12f ? s : 1e-12f;
+}
+
 /* An int8 linear's input rows (int8.py): each of `rows` rows of x (n values) times u, scaled
    into [-low, 1] by its own scale s = max(max(x u), min(x u) / -low), at least 1e-12, written to
    body as x u / s, and s to scale[r]. The float32 operations torch's mul, amin, amax, div,
@@ -288,20 +306,8 @@ void vp_int8_scale_rows(const float *x, int64_t rows, int64_t n, const float *u,
                         float *body, float *scale, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * n;
         float *br = body + r * n;
-        __m512 lo = _mm512_set1_ps(INFINITY), hi = _mm512_set1_ps(-INFINITY);
-        for (int64_t c = 0; c < n; c += 16) {
-            __mmask16 m = lanes(n - c);
-            __m512 t =
-                _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + c), _mm512_maskz_loadu_ps(m, u + c));
-            lo = _mm512_mask_min_ps(lo, m, lo, t);
-            hi = _mm512_mask_max_ps(hi, m, hi, t);
-            _mm512_mask_storeu_ps(br + c, m, t);
-        }
-        float below = _mm512_reduce_min_ps(lo) / -low, top = _mm512_reduce_max_ps(hi);
-        float s = top > below ? top : below;
-        s = s > 1e-12f ? s : 1e-12f;
+        float s = row_scale(x + r * n, u, n, low, br);
         __m512 sv = _mm512_set1_ps(s);
         for (int64_t c = 0; c < n; c += 16) {
             __mmask16 m = lanes(n - c);
@@ -322,17 +328,7 @@ void vp_int8_quantize_rows(const float *x, int64_t rows, int64_t n, const float 
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * n;
         uint8_t *qr = q + r * n;
-        __m512 lo = _mm512_set1_ps(INFINITY), hi = _mm512_set1_ps(-INFINITY);
-        for (int64_t c = 0; c < n; c += 16) {
-            __mmask16 m = lanes(n - c);
-            __m512 t =
-                _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + c), _mm512_maskz_loadu_ps(m, u + c));
-            lo = _mm512_mask_min_ps(lo, m, lo, t);
-            hi = _mm512_mask_max_ps(hi, m, hi, t);
-        }
-        float below = _mm512_reduce_min_ps(lo) / -low, top = _mm512_reduce_max_ps(hi);
-        float s = top > below ? top : below;
-        s = s > 1e-12f ? s : 1e-12f;
+        float s = row_scale(xr, u, n, low, NULL);
         __m512 sv = _mm512_set1_ps(s), stepv = _mm512_set1_ps(step);
         __m512 zv = _mm512_set1_ps((float)zero);
         __m512i none = _mm512_setzero_si512();

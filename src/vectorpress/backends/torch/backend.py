@@ -202,9 +202,8 @@ def _cpu_kernels(dtype: torch.dtype, cache_dir: Path, int8: bool = False) -> Cpu
 # fbgemm's int8 GEMM is kept only where it runs an int8 pass this much faster than oneDNN's:
 # on the Zen 4 oneDNN's ran it 1.1-1.2x faster and its resident memory stayed flat (426-429 MiB
 # at rest over 3,000 batches of 1-64 corpus texts, heap trimmed) where fbgemm's crept (367 ->
-# 404 MiB over 1,500), and where the CPU has AMX oneDNN's runs on its int8 tiles; one start had
-# picked fbgemm when oneDNN had to win by 5%, timed while the plan's check read half the cores
-# busy with other work.
+# 404 MiB over 1,500), and where the CPU has AMX oneDNN's runs on its int8 tiles; when oneDNN
+# had to win by 5%, a start alone and one beside another process's load each picked fbgemm.
 INT8_FBGEMM_MARGIN = 0.05
 
 

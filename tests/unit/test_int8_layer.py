@@ -3,6 +3,9 @@ independence, accuracy, no clipping below its calibrated range, and the two GEMM
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -109,3 +112,28 @@ def test_weights_keep_8_bits_only_where_the_cpu_sums_without_saturating(
     else:
         monkeypatch.setattr(torch.cpu, "_is_vnni_supported", lambda: vnni, raising=False)
     assert weight_levels() == levels
+
+
+_SATURATING = """
+import dataclasses, torch
+import vectorpress.backends.torch.int8 as int8
+gen = torch.Generator().manual_seed(4)
+weight = torch.randn(384, 1536, generator=gen) * 0.05
+for levels in (127, 63):
+    int8.WEIGHT_LEVELS = levels
+    print(levels, ",".join(int8.Int8Weights.of(weight, torch.ones(1536), 0.5).kernels))
+"""
+
+
+@needs_fbgemm
+@pytest.mark.skipif(onednn_int8_missing() is not None, reason=str(onednn_int8_missing()))
+def test_a_onednn_gemm_that_disagrees_with_fbgemms_is_not_kept() -> None:
+    # oneDNN held to AVX2 (no VNNI) sums pairs of u8 x s8 products in 16 bits with saturation:
+    # 8-bit weights overflow there and its outputs part from fbgemm's, so each layer keeps
+    # fbgemm alone; with the 7 bits such a CPU gets, the two agree and both are kept.
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    run = subprocess.run(
+        [sys.executable, "-c", _SATURATING], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["127", "fbgemm", "63", "fbgemm,oneDNN"]

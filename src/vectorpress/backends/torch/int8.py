@@ -278,6 +278,7 @@ class Int8Weights:
     unsmooth: torch.Tensor
     low: float
     in_scale: float
+    in_step: float  # 1 / in_scale as fbgemm's quantization finds it (`_step`)
     in_zero: int
     rows: RowScaling = TORCH_ROWS
 
@@ -288,8 +289,6 @@ class Int8Weights:
         smooth: torch.Tensor,
         low: float = 1.0,
         rows: RowScaling = TORCH_ROWS,
-        *,
-        onednn: bool = True,
     ) -> Int8Weights:
         w = weight.detach().float() * smooth
         scale = (w.abs().amax(1) / WEIGHT_LEVELS).clamp_min(1e-12)
@@ -311,10 +310,11 @@ class Int8Weights:
             (1.0 / smooth).contiguous(),
             low,
             in_scale,
+            _step(in_scale),
             round(low / in_scale),
             rows,
         )
-        if not onednn or onednn_int8_missing() is not None:
+        if onednn_int8_missing() is not None:
             return layer
         return layer._with_onednn(q.int_repr())
 
@@ -368,9 +368,7 @@ class Int8Weights:
         y: torch.Tensor
         if self.onednn_packed is not None and (onednn or self.packed is None):
             q = _workspace.take(x.shape[0], shape[-1], torch.uint8)
-            scale = self.rows.quantize(
-                x, self.unsmooth, self.low, _step(self.in_scale), self.in_zero, q
-            )
+            scale = self.rows.quantize(x, self.unsmooth, self.low, self.in_step, self.in_zero, q)
             y = torch.ops.onednn.qlinear_pointwise(
                 q,
                 self.in_scale,

@@ -16,7 +16,13 @@ import pytest
 import torch
 from bench.corpus import corpus
 
-from tests.helpers.batches import alone_and_together, assert_quantized_close, pooled
+from tests.helpers.batches import (
+    alone_and_together,
+    assert_quantized_close,
+    pooled,
+    tokenized_batches,
+)
+from tests.helpers.checkpoints import make_tiny
 from tests.helpers.cpu import needs_fbgemm, needs_kernel
 from tests.helpers.kernels import run_cache
 from tests.helpers.reference import assert_close_vectors, st_encode
@@ -27,16 +33,19 @@ from vectorpress.backends.torch.backend import TorchBackend
 from vectorpress.backends.torch.bf16_kernels import RoundedAttention
 from vectorpress.backends.torch.f32_kernels import FloatAttention
 from vectorpress.backends.torch.int8 import (
+    CompiledFinish,
     CompiledQuantizeRows,
     CompiledScaleRows,
     Int8Weights,
+    finish,
     int8_missing,
     onednn_int8_missing,
     quantize_rows,
     scale_rows,
 )
+from vectorpress.backends.torch.int8_kernel import Int8ShortKernel
 from vectorpress.backends.torch.layers import fused_linears
-from vectorpress.backends.torch.passes import PassPlan
+from vectorpress.backends.torch.passes import KERNEL, PassPlan
 from vectorpress.backends.torch.short_kernel import load_library
 from vectorpress.cpus import cpu_flags
 from vectorpress.errors import StartupError
@@ -45,27 +54,34 @@ from vectorpress.settings import ModelSettings, Settings
 from vectorpress.types import Batch
 
 
-@pytest.fixture(scope="module", params=["oneDNN", "fbgemm"])
+@pytest.fixture(scope="module", params=["oneDNN", "kernel", "fbgemm"])
 def int8_minilm(request: pytest.FixtureRequest, minilm: Path) -> TorchBackend:
     """all-MiniLM-L6-v2 in int8 on each GEMM: start-up as if its timing had found that one
-    faster on larger passes and the other on short ones (every pass must still take one)."""
+    faster on larger passes and the other on short ones (every pass must still take one);
+    "kernel": oneDNN's, with short passes on the int8 short-pass kernel (`int8_kernel.py`)."""
     gemm: str = request.param
-    onednn = gemm == "oneDNN"
+    onednn = gemm != "fbgemm"
     missing = int8_missing() or (onednn_int8_missing() if onednn else None)
+    if gemm == "kernel" and missing is None and "avx512_vnni" not in cpu_flags():
+        missing = "this CPU has no AVX512-VNNI"
     if missing is not None:
         pytest.skip(missing)
     timed = backend_module.plan_passes
 
     def timed_as(*args: Any, **kwargs: Any) -> PassPlan:
         plan = timed(*args, **kwargs)
-        return dataclasses.replace(plan, small_onednn=not onednn, large_onednn=onednn)
+        shortcut = KERNEL if gemm == "kernel" else ""
+        return dataclasses.replace(
+            plan, small_onednn=not onednn, large_onednn=onednn, small_shortcut=shortcut
+        )
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(backend_module, "plan_passes", timed_as)
         backend = TorchBackend(load_model_spec(minilm, ModelSettings(str(minilm))), "cpu", "int8")
     assert backend.passes.plan.small_onednn == backend.passes.plan.large_onednn == onednn
+    assert (backend.passes.shortcut is not None) == (gemm == "kernel")
     assert all(
-        lin.int8 is not None and lin.int8.kernels == (gemm,)
+        lin.int8 is not None and lin.int8.kernels == ("oneDNN" if onednn else "fbgemm",)
         for lin in fused_linears(backend.model.encoder)
     )
     return backend
@@ -74,9 +90,16 @@ def int8_minilm(request: pytest.FixtureRequest, minilm: Path) -> TorchBackend:
 @needs_fbgemm
 @pytest.mark.slow
 def test_int8_within_099_of_float32_on_every_corpus_text(
-    int8_minilm: TorchBackend, corpus_batches: list[Batch], corpus_fp32: np.ndarray
+    int8_minilm: TorchBackend,
+    minilm: Path,
+    corpus_batches: list[Batch],
+    corpus_fp32: np.ndarray,
 ) -> None:
     want = corpus_fp32
+    if int8_minilm.passes.shortcut is not None:
+        # The short-pass kernel runs passes under 64 tokens: every text alone, so that each
+        # short one runs on it.
+        corpus_batches = tokenized_batches(minilm, corpus(1200, seed=0), 1)
     got = pooled(int8_minilm, corpus_batches)
     linears = fused_linears(int8_minilm.model.encoder)
     assert len(linears) == 24 and all(lin.int8 is not None for lin in linears)
@@ -195,11 +218,13 @@ def test_start_up_keeps_the_int8_gemm_that_ran_its_pass_faster(
     folder = tiny_bert_family()
     real = Int8Weights.__call__
 
-    def delayed(self: Int8Weights, x: torch.Tensor, *args: Any, onednn: bool = True) -> Any:
+    def delayed(
+        self: Int8Weights, x: torch.Tensor, *args: Any, onednn: bool = True, **kwargs: Any
+    ) -> Any:
         on_onednn = self.onednn_packed is not None and (onednn or self.packed is None)
         if ("oneDNN" if on_onednn else "fbgemm") == slower:
             time.sleep(0.005)  # far above a loaded machine's noise on a tiny model's pass
-        return real(self, x, *args, onednn=onednn)
+        return real(self, x, *args, onednn=onednn, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Int8Weights, "__call__", delayed)
@@ -209,3 +234,80 @@ def test_start_up_keeps_the_int8_gemm_that_ran_its_pass_faster(
     assert linears and all(lin.int8 is not None and lin.int8.kernels == (kept,) for lin in linears)
     plan = backend.passes.plan
     assert plan.small_onednn == plan.large_onednn == (kept == "oneDNN")
+
+
+def _on_the_kernel(folder: Path) -> TorchBackend:
+    """An int8 backend whose start-up timing kept oneDNN's GEMM and the short-pass kernel."""
+    timed = backend_module.plan_passes
+
+    def timed_as(*args: Any, **kwargs: Any) -> PassPlan:
+        plan = timed(*args, **kwargs)
+        return dataclasses.replace(plan, large_onednn=True, small_shortcut=KERNEL)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(backend_module, "plan_passes", timed_as)
+        return TorchBackend(load_model_spec(folder, ModelSettings(str(folder))), "cpu", "int8")
+
+
+needs_vnni = pytest.mark.skipif(
+    "avx512_vnni" not in cpu_flags(), reason="this CPU has no AVX512-VNNI"
+)
+
+
+@needs_fbgemm
+@needs_kernel
+@needs_vnni
+@pytest.mark.parametrize("arch", ["distilbert", "mpnet"])
+def test_short_int8_passes_on_the_kernel_give_the_longer_passes_values(
+    tmp_path: Path, arch: str
+) -> None:
+    # Heads of 16, the smallest the attention kernels take; MPNet's score bias takes attention
+    # in float32 (with_bias), DistilBERT's none.
+    folder = make_tiny(tmp_path / arch, arch, hidden_size=64, intermediate_size=128)
+    backend = _on_the_kernel(folder)
+    assert backend.passes.shortcut is not None
+    offset = backend.spec.position_offset
+    texts = corpus(40, seed=4)
+    alone = pooled(backend, tokenized_batches(folder, texts, 1, position_offset=offset))
+    together = pooled(backend, tokenized_batches(folder, texts, None, position_offset=offset))
+    np.testing.assert_array_equal(alone, together)
+
+
+@needs_fbgemm
+@needs_kernel
+@needs_vnni
+def test_start_up_drops_a_short_pass_kernel_whose_values_differ(
+    tiny_bert_family: Callable[..., Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = make_tiny(tiny_bert_family().parent / "wide-distilbert", "distilbert", hidden_size=64)
+    real = Int8ShortKernel.__call__
+
+    def off_by_a_bit(self: Int8ShortKernel, *args: Any) -> torch.Tensor:
+        out = real(self, *args)
+        return torch.nextafter(out, torch.full_like(out, float("inf")))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Int8ShortKernel, "__call__", off_by_a_bit)
+        backend = _on_the_kernel(folder)
+    assert backend.passes.shortcut is None
+    assert "short passes stay on oneDNN's GEMM" in caplog.text
+
+
+@needs_kernel
+@pytest.mark.parametrize("width", [384, 1536, 100])
+@pytest.mark.parametrize("gelu", [False, True])
+def test_the_compiled_finish_gives_torchs_values(width: int, gelu: bool) -> None:
+    lib = load_library(run_cache())
+    assert lib is not None
+    gen = torch.Generator().manual_seed(width)
+    y = torch.randn(333, width, generator=gen) * 50
+    scale = torch.rand(333, 1, generator=gen) * 0.1
+    bias = torch.randn(width, generator=gen)
+    for b in (bias, None):
+        want = finish(y.clone(), scale, b, gelu)
+        got = CompiledFinish(lib)(y.clone(), scale, b, gelu)
+        if gelu:
+            # glibc's erf against torch's: a few float32 steps apart.
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        else:
+            assert torch.equal(got, want)

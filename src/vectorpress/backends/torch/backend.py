@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import logging
 import re
@@ -39,6 +40,7 @@ from vectorpress.backends.torch.int8 import (
     keep_int8_gemm,
     quantize_linears,
 )
+from vectorpress.backends.torch.int8_kernel import Int8ShortKernel, int8_kernel_candidate
 from vectorpress.backends.torch.layers import fused_linears, onednn_supported
 from vectorpress.backends.torch.passes import (
     CPU_PASS_TOKENS,
@@ -311,8 +313,10 @@ class TorchBackend:
             kernels=kernels,
         )
         if int8:
-            self._quantize(cache_dir or build_cache())
-            self.passes = CpuPasses(INT8_PASS_TOKENS, self._plan_int8(kernels), kernels=kernels)
+            lib = load_library(cache_dir or build_cache())
+            self._quantize(lib)
+            kernel = int8_kernel_candidate(lib, model.encoder, kernels)
+            self.passes = self._plan_int8(kernels, kernel)
 
     @staticmethod
     def _shortcuts(
@@ -342,11 +346,11 @@ class TorchBackend:
         graph = graph_candidate(spec, parameters, cache_dir)
         return () if graph is None else (Shortcut(GRAPH, graph, (1,)),)
 
-    def _quantize(self, cache_dir: Path) -> None:
+    def _quantize(self, lib: ctypes.CDLL | None) -> None:
         """Calibrate on the packaged texts through this backend's own passes, then quantize
-        (each layer's input rows scaled on the compiled kernel where it builds)."""
+        (each layer's input rows scaled on the compiled kernel's library where it built)."""
         batch = calibration_batch(self.spec)
-        rows = compiled_rows(load_library(cache_dir))
+        rows = compiled_rows(lib)
         worst = quantize_linears(self.model.encoder, lambda: self._encode(batch), rows=rows)
         log.info(
             "int8: linear layers quantized; lowest cosine to float32 over %d calibration texts "
@@ -355,19 +359,22 @@ class TorchBackend:
             worst,
         )
 
-    def _plan_int8(self, kernels: CpuKernels) -> PassPlan:
+    def _plan_int8(self, kernels: CpuKernels, kernel: Int8ShortKernel | None) -> CpuPasses:
         """Every int8 pass on oneDNN's GEMM unless fbgemm's ran the larger pass faster here by
-        INT8_FBGEMM_MARGIN, the other's weights freed, and short passes on the thread count
-        that ran them faster. One GEMM for all: a text's vector then does not depend on its
-        pass."""
+        INT8_FBGEMM_MARGIN, the other's weights freed; short passes on the thread count that
+        ran them faster, or on `kernel` (`int8_kernel.py`) where it ran them faster, the passes
+        are on oneDNN's GEMM and it gives a probe pass's values to the bit. One GEMM for all: a
+        text's vector then does not depend on its pass."""
         encoder = self.model.encoder
         # The GEMMs part most on passes of the size int8 runs (at 256 tokens the pass's other
         # work hid their gap in timing noise).
         larger = (64,) * (INT8_PASS_TOKENS // 64)
+        shortcuts = () if kernel is None else (Shortcut(KERNEL, kernel, (0, 1)),)
         timed = plan_when_quiet(
             lambda: plan_passes(
                 encoder,
                 self.spec.position_offset,
+                shortcuts=shortcuts,
                 kernels=kernels,
                 fuse=False,
                 larger=larger,
@@ -381,13 +388,42 @@ class TorchBackend:
             for linear in fused_linears(encoder)
             if linear.int8 is not None
         )
+        plan = PassPlan(onednn, onednn, timed.small_threads)
+        passes = CpuPasses(INT8_PASS_TOKENS, plan, kernels=kernels)
+        if kernel is not None and onednn and timed.small_shortcut:
+            with_kernel = CpuPasses(
+                INT8_PASS_TOKENS,
+                dataclasses.replace(plan, small_shortcut=timed.small_shortcut),
+                shortcut=kernel,
+                kernels=kernels,
+            )
+            if self._same_short_pass(passes, with_kernel):
+                passes = with_kernel
+            else:
+                log.warning(
+                    "int8: the short-pass kernel's values differ from oneDNN's passes here: "
+                    "short passes stay on oneDNN's GEMM"
+                )
         keep_int8_gemm(encoder, onednn)
         log.info(
-            "int8 passes, as timed here: on %s's GEMM; short ones with %s",
+            "int8 passes, as timed here: on %s's GEMM; short ones %s",
             "oneDNN" if onednn else "fbgemm",
-            _threads(timed.small_threads),
+            f"on {KERNEL}" if passes.shortcut else f"with {_threads(plan.small_threads)}",
         )
-        return PassPlan(onednn, onednn, timed.small_threads)
+        return passes
+
+    def _same_short_pass(self, native: CpuPasses, shortcut: CpuPasses) -> bool:
+        """Whether a short pass of two texts gives the same values to the bit on both."""
+        lengths = [13, 6]
+        generator = torch.Generator().manual_seed(0)
+        ids = torch.randint(1000, 2000, (sum(lengths),), generator=generator)
+        types = torch.zeros_like(ids)
+        positions = torch.cat([torch.arange(n) for n in lengths]) + self.spec.position_offset
+        seqs = PackedSequences(torch.tensor([0, lengths[0], sum(lengths)]), max(lengths))
+        with torch.inference_mode():
+            want = native.run(self.model.encoder, ids, types, positions, seqs)
+            got = shortcut.run(self.model.encoder, ids, types, positions, seqs)
+        return torch.equal(want, got)
 
     def _sequences(self, batch: Batch) -> PackedSequences:
         """The batch's bounds, read on the host (no wait for the device); `_on_device` moves

@@ -23,7 +23,9 @@ again as its GEMM), bfloat16's 19.3; on 16 rows fbgemm's 140 us against oneDNN's
 model's int8 pass on the 600-text corpus (batches of 32, three alternated rounds) ran
 21,128-22,657 tokens/s on oneDNN against 17,736-19,285 on fbgemm and bfloat16's 15,560-16,067.
 oneDNN keeps a primitive per input shape, so its passes are padded to a few row counts
-(`passes.bucket_rows`).
+(`passes.bucket_rows`). Each GEMM's output is finished in one pass over it (`Finish`: the row's
+scale, the bias and, after the FFN's first linear, GELU), by the function the short passes'
+kernel finishes its own with (`int8_kernel.py`).
 
 Attention, between the int8 GEMMs, takes float32 rows. Where the CPU has AVX512-BF16 it runs on
 the dot products' kernel, the rows rounded to bfloat16 as they are laid out
@@ -206,23 +208,83 @@ class CompiledQuantizeRows:
         return _run_rows(self.run, x, unsmooth, low, step, zero, q.data_ptr())
 
 
+# An int8 GEMM's float32 output finished in place: `(y, scale, bias, gelu) -> y`, each row times
+# its input row's scale, the bias (or None) added in one fused multiply-add, then GELU (erf)
+# where `gelu`.
+Finish = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, bool], torch.Tensor]
+
+
+def finish(
+    y: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, gelu: bool
+) -> torch.Tensor:
+    """`Finish` on torch's ops (the fused multiply-add emulated in float64, where the float32
+    product is exact; its GELU's erf is torch's, which the compiled kernel's differs from in
+    the last bits)."""
+    wide = y.double().mul_(scale)
+    if bias is not None:
+        wide.add_(bias)
+    y.copy_(wide)
+    return torch.ops.aten.gelu_(y) if gelu else y
+
+
+class CompiledFinish:
+    """`Finish` in one pass over the rows on the compiled kernel's library (`short_kernel.c`),
+    where torch's addcmul and GELU took two; the same function the short int8 passes finish
+    their GEMMs with (`int8_kernel.py`), so that a token's values are the same on either."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.run = lib.vp_int8_finish
+        self.run.restype = None
+        self.run.argtypes = [
+            ctypes.c_void_p,  # y
+            ctypes.c_int64,  # rows
+            ctypes.c_int64,  # n
+            ctypes.c_void_p,  # scale
+            ctypes.c_void_p,  # bias, or NULL
+            ctypes.c_int,  # gelu
+            ctypes.c_int,  # threads
+        ]
+
+    def __call__(
+        self, y: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, gelu: bool
+    ) -> torch.Tensor:
+        if not (
+            _compiled_takes(y)
+            and y.dim() == 2
+            and (bias is None or _compiled_takes(bias))
+            and scale.is_contiguous()
+        ):
+            return finish(y, scale, bias, gelu)
+        self.run(
+            y.data_ptr(),
+            y.shape[0],
+            y.shape[1],
+            scale.data_ptr(),
+            None if bias is None else bias.data_ptr(),
+            int(gelu),
+            torch.get_num_threads(),
+        )
+        return y
+
+
 @dataclass(frozen=True)
 class RowScaling:
-    """How an int8 linear's input rows are scaled: into float32 (fbgemm's GEMM) or to u8
-    (oneDNN's)."""
+    """How an int8 linear's input rows are scaled, into float32 (fbgemm's GEMM) or to u8
+    (oneDNN's), and its output finished."""
 
     scale: ScaleRows
     quantize: QuantizeRows
+    finish: Finish
 
 
-TORCH_ROWS = RowScaling(scale_rows, quantize_rows)
+TORCH_ROWS = RowScaling(scale_rows, quantize_rows, finish)
 
 
 def compiled_rows(lib: ctypes.CDLL | None) -> RowScaling:
     """The row scaling on the compiled kernel's library where it is loaded, else torch's ops."""
     if lib is None:
         return TORCH_ROWS
-    return RowScaling(CompiledScaleRows(lib), CompiledQuantizeRows(lib))
+    return RowScaling(CompiledScaleRows(lib), CompiledQuantizeRows(lib), CompiledFinish(lib))
 
 
 def onednn_int8_missing() -> str | None:
@@ -281,6 +343,9 @@ class Int8Weights:
     in_step: float  # 1 / in_scale as fbgemm's quantization finds it (`_step`)
     in_zero: int
     rows: RowScaling = TORCH_ROWS
+    # The weights as int8 values (out, in), kept until start-up has laid them out for the short
+    # passes' kernel (`int8_kernel.py`) or chosen not to (`keep`).
+    values: torch.Tensor | None = None
 
     @classmethod
     def of(
@@ -313,14 +378,17 @@ class Int8Weights:
             _step(in_scale),
             round(low / in_scale),
             rows,
+            q.int_repr(),
         )
         if onednn_int8_missing() is not None:
             return layer
-        return layer._with_onednn(q.int_repr())
+        return layer._with_onednn()
 
-    def _with_onednn(self, weight: torch.Tensor) -> Int8Weights:
+    def _with_onednn(self) -> Int8Weights:
         """This layer with oneDNN's packed weights too, where its GEMM gives fbgemm's results
         on a probe (to the last bits the two round differently)."""
+        weight = self.values
+        assert weight is not None
         try:
             both = dataclasses.replace(
                 self, onednn_packed=torch.ops.onednn.qlinear_prepack(weight, None)
@@ -345,18 +413,24 @@ class Int8Weights:
         )
 
     def keep(self, onednn: bool) -> Int8Weights:
-        """This layer with only the GEMM chosen for every pass (where it has that one)."""
+        """This layer with only the GEMM chosen for every pass (where it has that one), its
+        int8 values dropped."""
         if onednn and self.onednn_packed is not None:
-            return dataclasses.replace(self, packed=None)
+            return dataclasses.replace(self, packed=None, values=None)
         if not onednn and self.packed is not None:
-            return dataclasses.replace(self, onednn_packed=None)
-        return self
+            return dataclasses.replace(self, onednn_packed=None, values=None)
+        return dataclasses.replace(self, values=None)
 
     def __call__(
-        self, x: torch.Tensor, bias: torch.Tensor | None = None, *, onednn: bool = True
+        self,
+        x: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        onednn: bool = True,
+        gelu: bool = False,
     ) -> torch.Tensor:
-        """`x @ weight.T + bias`, with each row of `x` quantized on its own scale, on oneDNN's
-        GEMM where asked and held (else fbgemm's)."""
+        """`x @ weight.T + bias`, GELU'd (erf) where asked, with each row of `x` quantized on
+        its own scale, on oneDNN's GEMM where asked and held (else fbgemm's)."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         # Every row is scaled into [-low, 1] (a row that goes lower than its layer met in
@@ -388,7 +462,7 @@ class Int8Weights:
             body = _workspace.take(x.shape[0], shape[-1])
             scale = self.rows.scale(x, self.unsmooth, self.low, body)
             y = self.linear(body, self.in_scale, self.in_zero, self.packed)
-        y = y.mul_(scale) if bias is None else torch.addcmul(bias, y, scale, out=y)
+        y = self.rows.finish(y, scale, bias, gelu)
         return y.view(*shape[:-1], y.shape[-1])
 
 

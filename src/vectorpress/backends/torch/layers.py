@@ -217,8 +217,10 @@ class FusedLinear:
         if _kernel.observe is not None:
             _kernel.observe(self, x)
         if self.int8 is not None:
-            y = self.int8(x, self.bias, onednn=_kernel.onednn)
-            return self.act_(y) if self.act_ is not None else y
+            # GELU in the int8 GEMM's finish, as the short int8 passes' kernel applies it.
+            gelu = self.act_name == "gelu"
+            y = self.int8(x, self.bias, onednn=_kernel.onednn, gelu=gelu)
+            return self.act_(y) if self.act_ is not None and not gelu else y
         if self.packed is None or not _kernel.onednn:
             return self._fallback(x)
         y = torch.ops.mkldnn._linear_pointwise(

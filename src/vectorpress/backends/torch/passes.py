@@ -213,7 +213,9 @@ def plan_passes(
     small_onednn, small_threads, small_best = pick([16], try_one_thread=True)
     log.debug("a short pass natively: %.2f ms", 1e3 * small_best)
     chosen: tuple[str, int] | None = None
-    bar = (1 - margin) * small_best
+    # A shortcut keeps a second copy of the weights: it wins by the margin whichever way the
+    # GEMMs' margin leans.
+    bar = (1 - abs(margin)) * small_best
     for shortcut in shortcuts:
         for threads in shortcut.threads:
             if threads > available:

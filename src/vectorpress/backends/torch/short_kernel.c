@@ -16,7 +16,9 @@
    (`vp_attention_bf16`) or, without AMX, on AVX512-BF16's dot products
    (`vp_attention_bf16_dot`) or in float32 on its widened rows (`vp_attention_bf16_f32`), and its
    residual add with LayerNorm (`vp_add_norm_bf16`, bf16_kernels.py); an int8 model's attention
-   on the dot products, its float32 rows rounded (`vp_attention_f32_dot`, int8.py). */
+   on the dot products, its float32 rows rounded (`vp_attention_f32_dot`, int8.py), its linears'
+   row quantization and finish (`vp_int8_quantize_rows`, `vp_int8_finish`), and its short passes
+   on AVX512-VNNI (`vp_int8_post_norm_encoder`, int8_kernel.py). */
 
 #include <immintrin.h>
 #include <math.h>
@@ -321,27 +323,78 @@ void vp_int8_scale_rows(const float *x, int64_t rows, int64_t n, const float *u,
    zero)), 0, 255) in u8 (to nearest even), for oneDNN's int8 linear, which takes its input in
    u8 where fbgemm's takes the float32 rows and quantizes them itself in one more pass over
    them; the same u8 values as fbgemm's quantization (its zero point added before rounding, in
-   one fused multiply-add), so that the two GEMMs sum the same products. */
+   one fused multiply-add), so that the two GEMMs sum the same products. One row here, into qr,
+   its scale returned: short int8 passes (`vp_int8_post_norm_encoder`) quantize their rows here
+   too, so that a token's u8 row is the same on either path. */
+static inline float quantize_row(const float *xr, const float *u, int64_t n, float low,
+                                 float step, int32_t zero, uint8_t *qr) {
+    float s = row_scale(xr, u, n, low, NULL);
+    __m512 sv = _mm512_set1_ps(s), stepv = _mm512_set1_ps(step);
+    __m512 zv = _mm512_set1_ps((float)zero);
+    __m512i none = _mm512_setzero_si512();
+    for (int64_t c = 0; c < n; c += 16) {
+        __mmask16 m = lanes(n - c);
+        /* x u again (the row is still in L1) rather than a float32 row written and read. */
+        __m512 t =
+            _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + c), _mm512_maskz_loadu_ps(m, u + c));
+        __m512 v = _mm512_fmadd_ps(_mm512_div_ps(t, sv), stepv, zv);
+        __m512i i = _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm512_mask_cvtusepi32_storeu_epi8(qr + c, m, _mm512_max_epi32(i, none));
+    }
+    return s;
+}
+
 void vp_int8_quantize_rows(const float *x, int64_t rows, int64_t n, const float *u, float low,
                            float step, int32_t zero, uint8_t *q, float *scale, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        scale[r] = quantize_row(x + r * n, u, n, low, step, zero, q + r * n);
+}
+
+static inline __m512 exp2_neg(__m512 t);
+
+/* GELU (erf) for int8 passes: erf by Abramowitz and Stegun's formula 7.1.26 (absolute error
+   under 1.5e-7, below what the int8 GEMM leaves), its exponential on exp2_neg. glibc's erff
+   (`gelu`) took 1.5x as long as torch's GELU on a 2,048-token pass's FFN (1.52 against 0.99 ms
+   for 2,048 x 1,536 values, Zen 4, two threads): about 4% of all-MiniLM-L6-v2's int8 pass. */
+static inline __m512 gelu_int8(__m512 v) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    __m512 z = _mm512_mul_ps(_mm512_abs_ps(v), _mm512_set1_ps(0.70710678118654752f));
+    __m512 t = _mm512_div_ps(one, _mm512_fmadd_ps(z, _mm512_set1_ps(0.3275911f), one));
+    __m512 p = _mm512_set1_ps(1.061405429f);
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-1.453152027f));
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.421413741f));
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-0.284496736f));
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.254829592f));
+    p = _mm512_mul_ps(p, t);
+    __m512 e = exp2_neg(_mm512_mul_ps(_mm512_mul_ps(z, z), _mm512_set1_ps(-1.4426950408889634f)));
+    __m512 erf = _mm512_fnmadd_ps(p, e, one); /* erf(|v| / sqrt 2) */
+    __m512i sign = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32((int)0x80000000u));
+    erf = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(erf), sign));
+    __m512 half = _mm512_mul_ps(v, _mm512_set1_ps(0.5f));
+    return _mm512_fmadd_ps(half, erf, half);
+}
+
+/* An int8 linear's output values y (its GEMM's, on the u8 rows) finished: scaled back by their
+   row's scale s, the bias b added in one fused multiply-add, GELU'd (erf) where asked. */
+static inline __m512 int8_finish(__m512 y, __m512 s, __m512 b, int act) {
+    __m512 v = _mm512_fmadd_ps(y, s, b);
+    return act ? gelu_int8(v) : v;
+}
+
+/* int8_finish over y[rows, n] in place, row r's scale scale[r], bias[n] (or NULL for none):
+   what a longer int8 pass does after oneDNN's or fbgemm's GEMM, in one pass over the rows. */
+void vp_int8_finish(float *y, int64_t rows, int64_t n, const float *scale, const float *bias,
+                    int act, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * n;
-        uint8_t *qr = q + r * n;
-        float s = row_scale(xr, u, n, low, NULL);
-        __m512 sv = _mm512_set1_ps(s), stepv = _mm512_set1_ps(step);
-        __m512 zv = _mm512_set1_ps((float)zero);
-        __m512i none = _mm512_setzero_si512();
+        float *yr = y + r * n;
+        __m512 s = _mm512_set1_ps(scale[r]);
         for (int64_t c = 0; c < n; c += 16) {
             __mmask16 m = lanes(n - c);
-            /* x u again (the row is still in L1) rather than a float32 row written and read. */
-            __m512 t =
-                _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + c), _mm512_maskz_loadu_ps(m, u + c));
-            __m512 v = _mm512_fmadd_ps(_mm512_div_ps(t, sv), stepv, zv);
-            __m512i i = _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            _mm512_mask_cvtusepi32_storeu_epi8(qr + c, m, _mm512_max_epi32(i, none));
+            __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias + c) : _mm512_setzero_ps();
+            _mm512_mask_storeu_ps(yr + c, m, int8_finish(_mm512_maskz_loadu_ps(m, yr + c), s, b, act));
         }
-        scale[r] = s;
     }
 }
 
@@ -1436,3 +1489,146 @@ void vp_post_norm_encoder(const Layer *layers, int64_t n_layers, float *x, int64
         if (bf16) tiles_off();
     }
 }
+
+/* A short pass of an int8 model's post-LayerNorm encoder (int8.py), one call for every layer:
+   each linear's input rows quantized as longer passes quantize them (`quantize_row`), multiplied
+   by the int8 weights on AVX512-VNNI's dot products (four u8 x s8 products a lane, summed exactly
+   in int32), taken back to float32 as oneDNN's int8 GEMM takes its sums (the zero point's share
+   subtracted, then times the input's scale, then times the column's), and finished as longer
+   passes finish oneDNN's output (`int8_finish`); attention and the residual LayerNorms on the
+   functions longer passes call. So a token's values are those a longer pass on oneDNN's GEMM
+   gives it, to the last bit: a text's vector does not depend on the pass it runs in. */
+#if (defined(__clang__) && __clang_major__ >= 8) || (!defined(__clang__) && __GNUC__ >= 9)
+
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+
+typedef struct {
+    /* [ceil(n / PANEL)][quads][PANEL][4]: each column's inputs by fours, `k` padded with zero
+       weights to 4 * quads; columns past `n` zero. */
+    const int8_t *w;
+    /* Per column, padded to whole panels: the input's zero point times the column's weight
+       sum, the column's scale, its bias (0 where none). */
+    const int32_t *zero_sums;
+    const float *scales, *bias;
+    const float *unsmooth; /* per input */
+    float low, step, in_scale;
+    int32_t zero;
+    int64_t k, quads, n;
+} Int8Linear;
+
+typedef struct {
+    Int8Linear qkv, attn_out, ffn_in, ffn_out;
+    const float *norm1, *norm1_bias, *norm2, *norm2_bias;
+    float eps1, eps2;
+} Int8Layer;
+
+/* out[rows, cols] = the finished int8 product of u8 rows a (lda bytes apart) and one panel,
+   rows <= ROWS, cols <= PANEL, from column `col`; rows past `rows` repeat the last one. */
+VNNI static void int8_block(const uint8_t *a, int64_t lda, int rows, const Int8Linear *L,
+                            int64_t panel, const float *scale, float *out, int64_t ld, int act) {
+    __m512i c[ROWS][3];
+    const uint8_t *row[ROWS];
+    for (int r = 0; r < ROWS; r++) {
+        row[r] = a + (r < rows ? r : rows - 1) * lda;
+        c[r][0] = c[r][1] = c[r][2] = _mm512_setzero_si512();
+    }
+    const int8_t *w = L->w + panel * L->quads * PANEL * 4;
+    for (int64_t i = 0; i < L->quads; i++) {
+        const int8_t *p = w + i * PANEL * 4;
+        __m512i w0 = _mm512_loadu_si512(p), w1 = _mm512_loadu_si512(p + 64);
+        __m512i w2 = _mm512_loadu_si512(p + 128);
+        _mm_prefetch((const char *)(p + 8 * PANEL * 4), _MM_HINT_T0);
+        _mm_prefetch((const char *)(p + 8 * PANEL * 4 + 64), _MM_HINT_T0);
+        _mm_prefetch((const char *)(p + 8 * PANEL * 4 + 128), _MM_HINT_T0);
+#pragma GCC unroll 8
+        for (int r = 0; r < ROWS; r++) {
+            int32_t four;
+            memcpy(&four, row[r] + 4 * i, 4);
+            __m512i v = _mm512_set1_epi32(four);
+            c[r][0] = _mm512_dpbusd_epi32(c[r][0], v, w0);
+            c[r][1] = _mm512_dpbusd_epi32(c[r][1], v, w1);
+            c[r][2] = _mm512_dpbusd_epi32(c[r][2], v, w2);
+        }
+    }
+    int64_t col = panel * PANEL, cols = L->n - col < PANEL ? L->n - col : PANEL;
+    __m512 in_scale = _mm512_set1_ps(L->in_scale);
+    for (int j = 0; j < 3; j++) {
+        __mmask16 m = lanes(cols - 16 * j);
+        if (!m) break;
+        int64_t at = col + 16 * j;
+        __m512i zs = _mm512_loadu_si512(L->zero_sums + at);
+        __m512 ws = _mm512_loadu_ps(L->scales + at), b = _mm512_loadu_ps(L->bias + at);
+        for (int r = 0; r < rows; r++) {
+            __m512 y = _mm512_cvtepi32_ps(_mm512_sub_epi32(c[r][j], zs));
+            y = _mm512_mul_ps(_mm512_mul_ps(y, in_scale), ws);
+            _mm512_mask_storeu_ps(out + r * ld + at, m,
+                                  int8_finish(y, _mm512_set1_ps(scale[r]), b, act));
+        }
+    }
+}
+
+/* out[rows, n] = L(x[rows, k]), GELU'd where asked: rows quantized into q (rows of 4 * quads
+   bytes) and their scales, then the panels shared out among the team. */
+VNNI static void int8_linear(const float *x, int64_t rows, const Int8Linear *L, uint8_t *q,
+                             float *scale, float *out, int act, int threads) {
+    int64_t lda = 4 * L->quads, panels = (L->n + PANEL - 1) / PANEL;
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            uint8_t *qr = q + r * lda;
+            scale[r] = quantize_row(x + r * L->k, L->unsmooth, L->k, L->low, L->step, L->zero, qr);
+            memset(qr + L->k, 0, lda - L->k);
+        }
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < panels; p++)
+            for (int64_t r = 0; r < rows; r += ROWS)
+                int8_block(q + r * lda, lda, rows - r < ROWS ? (int)(rows - r) : ROWS, L, p,
+                           scale + r, out + r * L->n, L->n, act);
+    }
+}
+
+/* Runs `n_layers` int8 layers over x[rows, hidden] in place (bias and span as
+   vp_post_norm_encoder's). Attention as longer passes run it: on AVX512-BF16's dot products,
+   the rows rounded (`rounded`, a model without a score bias), else in float32. `scratch` holds
+   rows * (6 * hidden + inner + 1) floats, `q` rows * (inner + 3) bytes. Returns 0, or -1 where
+   attention found no memory for its scratch. */
+VNNI int vp_int8_post_norm_encoder(const Int8Layer *layers, int64_t n_layers, float *x,
+                                   int64_t rows, int64_t hidden, int64_t inner, int64_t heads,
+                                   const int32_t *cu, int64_t seqs, const float *bias,
+                                   int64_t span, int rounded, float *scratch, uint8_t *q,
+                                   int threads) {
+    float *qkv = scratch, *ctx = qkv + rows * 3 * hidden, *sum = ctx + rows * hidden;
+    float *inner_out = sum + rows * hidden, *scale = inner_out + rows * inner;
+    int64_t dim = hidden / heads, stride[3] = {3 * hidden, 3 * hidden, 3 * hidden};
+    /* As the longer passes' caller computes it (in double, then taken to float). */
+    float softmax_scale = (float)(1.0 / sqrt((double)dim));
+    for (int64_t l = 0; l < n_layers; l++) {
+        const Int8Layer *L = layers + l;
+        int8_linear(x, rows, &L->qkv, q, scale, qkv, 0, threads);
+        int failed;
+#ifdef BF16DOT
+        if (rounded && !bias)
+            failed = vp_attention_f32_dot(qkv, qkv + hidden, qkv + 2 * hidden, stride, cu, seqs,
+                                          heads, dim, softmax_scale, bias, span, 0, ctx, threads);
+        else
+#endif
+            failed = vp_attention_f32(qkv, qkv + hidden, qkv + 2 * hidden, stride, cu, seqs,
+                                      heads, dim, softmax_scale, bias, span, ctx, threads);
+        if (failed) return -1;
+        int8_linear(ctx, rows, &L->attn_out, q, scale, sum, 0, threads);
+        vp_add_norm_f32(sum, x, rows, hidden, L->norm1, L->norm1_bias, L->eps1, x, threads);
+        int8_linear(x, rows, &L->ffn_in, q, scale, inner_out, 1, threads);
+        int8_linear(inner_out, rows, &L->ffn_out, q, scale, sum, 0, threads);
+        vp_add_norm_f32(sum, x, rows, hidden, L->norm2, L->norm2_bias, L->eps2, x, threads);
+    }
+    return 0;
+}
+
+int vp_int8_encoder_built(void) { return 1; }
+
+#else
+
+int vp_int8_encoder_built(void) { return 0; }
+
+#endif

@@ -47,7 +47,7 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
-from typing import Protocol, TypeGuard, runtime_checkable
+from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 import torch
 from torch import nn
@@ -76,6 +76,20 @@ LIBS = ["-lmvec", "-lm"]
 PANEL = 48  # the kernel's PANEL
 TILE_K, TILE_ROWS = 32, 16  # the kernel's
 COMPILE_TIMEOUT = 120.0
+# The first arguments of the library's encoder calls (float32's and int8's).
+ENCODER_ARGS: list[type[ctypes._SimpleCData[Any]]] = [
+    ctypes.c_void_p,  # layers
+    ctypes.c_int64,  # n_layers
+    ctypes.c_void_p,  # x
+    ctypes.c_int64,  # rows
+    ctypes.c_int64,  # hidden
+    ctypes.c_int64,  # inner
+    ctypes.c_int64,  # heads
+    ctypes.c_void_p,  # cu
+    ctypes.c_int64,  # seqs
+    ctypes.c_void_p,  # bias
+    ctypes.c_int64,  # span
+]
 
 
 @runtime_checkable
@@ -203,17 +217,7 @@ def _build_and_load(cache_dir: Path, compiler: str) -> ctypes.CDLL | None:
         return None
     lib.vp_post_norm_encoder.restype = None
     lib.vp_post_norm_encoder.argtypes = [
-        ctypes.c_void_p,  # layers
-        ctypes.c_int64,  # n_layers
-        ctypes.c_void_p,  # x
-        ctypes.c_int64,  # rows
-        ctypes.c_int64,  # hidden
-        ctypes.c_int64,  # inner
-        ctypes.c_int64,  # heads
-        ctypes.c_void_p,  # cu
-        ctypes.c_int64,  # seqs
-        ctypes.c_void_p,  # bias
-        ctypes.c_int64,  # span
+        *ENCODER_ARGS,
         ctypes.c_void_p,  # scratch
         ctypes.c_int,  # threads
         ctypes.c_int,  # bf16
@@ -305,14 +309,10 @@ class ShortKernel:
         position_ids: torch.Tensor,
         seqs: PackedSequences,
     ) -> torch.Tensor:
-        with torch.inference_mode():
-            x = self.encoder.embed(input_ids, token_type_ids, position_ids).float().contiguous()
-            span = max(seqs.lengths)
-            bias = self.encoder.score_bias(span)
-            if bias is not None:
-                bias = bias.float().contiguous()
+        x, bias, span, cu = kernel_inputs(
+            self.encoder, input_ids, token_type_ids, position_ids, seqs
+        )
         rows = x.shape[0]
-        cu = seqs.cu_seqlens.to(torch.int32).contiguous()
         # The bfloat16 linears' inputs, whole tiles of them, after the float32 values.
         bf16_inputs = _tiled(rows, TILE_ROWS) * self.widest // 2
         scratch = torch.empty(rows * (5 * self.hidden + self.inner) + bf16_inputs)
@@ -333,6 +333,25 @@ class ShortKernel:
             int(self.bf16),
         )
         return x
+
+
+def kernel_inputs(
+    encoder: PostNormEncoder,
+    input_ids: torch.Tensor,
+    token_type_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    seqs: PackedSequences,
+) -> tuple[torch.Tensor, torch.Tensor | None, int, torch.Tensor]:
+    """What a kernel's encoder call takes for a pass: its embeddings (float32, written over
+    by the kernel), the score bias of its longest sequence (or None) and that length, and
+    the sequences' bounds (int32)."""
+    with torch.inference_mode():
+        x = encoder.embed(input_ids, token_type_ids, position_ids).float().contiguous()
+        span = max(seqs.lengths)
+        bias = encoder.score_bias(span)
+        if bias is not None:
+            bias = bias.float().contiguous()
+    return x, bias, span, seqs.cu_seqlens.to(torch.int32).contiguous()
 
 
 def kernel_fits(encoder: nn.Module, dtype: torch.dtype) -> TypeGuard[PostNormEncoder]:

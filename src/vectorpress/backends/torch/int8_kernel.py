@@ -1,0 +1,237 @@
+"""Short int8 passes (under `passes.SMALL_PASS_TOKENS`) of a post-LayerNorm encoder on the
+compiled kernel (`short_kernel.c`'s `vp_int8_post_norm_encoder`), where the CPU has
+AVX512-VNNI and start-up keeps oneDNN's int8 GEMM for the longer passes.
+
+Through the model's own modules a one-query int8 pass was slower than float32's short pass on
+its kernel: on a Zen 4 (2 cores), all-MiniLM-L6-v2's 10-token query took 3.8-4.4 ms in-process
+against 2.5-2.6, of which oneDNN's 24 int8 GEMMs took 1.43 ms and the Python and op calls
+around them most of the rest. The kernel runs every layer in one call: each linear's rows are
+quantized as the longer passes quantize them, multiplied by the int8 weights on VNNI's dot
+products (the weights laid out in panels of 48 columns by fours of inputs), and their sums taken
+back to float32 as oneDNN's GEMM takes its own (the zero point's share subtracted, times the
+input's scale, then the column's: checked against oneDNN's outputs to the bit on 1 to 2,048
+rows) and finished by the function the longer passes finish theirs with; attention and the
+residual LayerNorms are the functions those call. A text's vector is then the same to the last
+bit alone or among others, and start-up checks that on a probe before keeping the kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import nn
+
+from vectorpress.backends.common.sequences import PackedSequences
+from vectorpress.backends.torch.bf16_kernels import RoundedAttention
+from vectorpress.backends.torch.blocks import FusedPostNormLayer
+from vectorpress.backends.torch.cpu_kernels import CpuKernels
+from vectorpress.backends.torch.f32_kernels import FloatAttention
+from vectorpress.backends.torch.int8 import Int8Weights
+from vectorpress.backends.torch.layers import FusedLinear
+from vectorpress.backends.torch.short_graph import MAX_PARAMETERS
+from vectorpress.backends.torch.short_kernel import (
+    ENCODER_ARGS,
+    PANEL,
+    PostNormEncoder,
+    kernel_fits,
+    kernel_inputs,
+)
+from vectorpress.cpus import cpu_flags
+
+
+class _Int8Linear(ctypes.Structure):
+    _fields_ = [
+        ("w", ctypes.c_void_p),
+        ("zero_sums", ctypes.c_void_p),
+        ("scales", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("unsmooth", ctypes.c_void_p),
+        ("low", ctypes.c_float),
+        ("step", ctypes.c_float),
+        ("in_scale", ctypes.c_float),
+        ("zero", ctypes.c_int32),
+        ("k", ctypes.c_int64),
+        ("quads", ctypes.c_int64),
+        ("n", ctypes.c_int64),
+    ]
+
+
+class _Int8Layer(ctypes.Structure):
+    _fields_ = [
+        ("qkv", _Int8Linear),
+        ("attn_out", _Int8Linear),
+        ("ffn_in", _Int8Linear),
+        ("ffn_out", _Int8Linear),
+        ("norm1", ctypes.c_void_p),
+        ("norm1_bias", ctypes.c_void_p),
+        ("norm2", ctypes.c_void_p),
+        ("norm2_bias", ctypes.c_void_p),
+        ("eps1", ctypes.c_float),
+        ("eps2", ctypes.c_float),
+    ]
+
+
+def vnni_panels(values: torch.Tensor) -> torch.Tensor:
+    """An int8 linear's `(out, in)` values as the kernel reads them,
+    `[ceil(out / PANEL)][ceil(in / 4)][PANEL][4]`: each column's inputs by fours (VNNI's dot
+    product of four u8 by four s8), the padding zero."""
+    out, inner = values.shape
+    count, quads = -(-out // PANEL), -(-inner // 4)
+    padded = values.new_zeros(count * PANEL, quads * 4)
+    padded[:out, :inner] = values
+    return padded.view(count, PANEL, quads, 4).transpose(1, 2).contiguous()
+
+
+def _fused_layers(encoder: nn.Module) -> list[FusedPostNormLayer]:
+    return [
+        value
+        for module in encoder.modules()
+        for value in vars(module).values()
+        if isinstance(value, FusedPostNormLayer)
+    ]
+
+
+class Int8ShortKernel:
+    """The int8 encoder's last hidden states from the compiled kernel, called as the native
+    encoder is, `(input_ids, token_type_ids, position_ids, seqs)`."""
+
+    def __init__(
+        self, lib: ctypes.CDLL, encoder: PostNormEncoder, fused: list[FusedPostNormLayer]
+    ) -> None:
+        self.encoder = encoder
+        self.run = lib.vp_int8_post_norm_encoder
+        self.run.restype = ctypes.c_int
+        self.run.argtypes = [
+            *ENCODER_ARGS,
+            ctypes.c_int,  # rounded
+            ctypes.c_void_p,  # scratch
+            ctypes.c_void_p,  # q
+            ctypes.c_int,  # threads
+        ]
+        parts = encoder.layer_parts()
+        self.heads = fused[0].heads
+        self.hidden, self.inner = parts[0].ffn[0].in_features, parts[0].ffn[0].out_features
+        self.rounded = False
+        self.keep: list[torch.Tensor] = []  # what the pointers point at
+        table = (_Int8Layer * len(fused))()
+        for entry, layer, part in zip(table, fused, parts, strict=True):
+            for name in ("qkv", "attn_out", "ffn_in", "ffn_out"):
+                self._fill(getattr(entry, name), getattr(layer, name))
+            entry.norm1, entry.norm1_bias = self._ptr(part.attn_norm.weight, part.attn_norm.bias)
+            entry.norm2, entry.norm2_bias = self._ptr(part.ffn_norm.weight, part.ffn_norm.bias)
+            entry.eps1, entry.eps2 = part.attn_norm.eps, part.ffn_norm.eps
+        self.table = table
+        self.n_layers = len(fused)
+
+    def _ptr(self, *tensors: torch.Tensor) -> tuple[int, ...]:
+        kept = [t.detach().float().contiguous() for t in tensors]
+        self.keep.extend(kept)
+        return tuple(t.data_ptr() for t in kept)
+
+    def _fill(self, entry: _Int8Linear, linear: FusedLinear) -> None:
+        int8 = linear.int8
+        assert int8 is not None and int8.values is not None
+        values = int8.values
+        n, k = values.shape
+        padded = -(-n // PANEL) * PANEL
+
+        def columns(t: torch.Tensor) -> torch.Tensor:
+            out = t.new_zeros(padded)
+            out[:n] = t
+            return out
+
+        sums = values.to(torch.int32).sum(1, dtype=torch.int32) * int8.in_zero
+        bias = linear.bias if linear.bias is not None else torch.zeros(n)
+        w = vnni_panels(values)
+        zero_sums, scales, bias = (
+            columns(sums),
+            columns(int8.weight_scales.float()),
+            columns(bias.detach().float()),
+        )
+        unsmooth = int8.unsmooth.float().contiguous()
+        self.keep.extend([w, zero_sums, scales, bias, unsmooth])
+        entry.w, entry.zero_sums = w.data_ptr(), zero_sums.data_ptr()
+        entry.scales, entry.bias, entry.unsmooth = (
+            scales.data_ptr(),
+            bias.data_ptr(),
+            unsmooth.data_ptr(),
+        )
+        entry.low, entry.step, entry.in_scale = int8.low, int8.in_step, int8.in_scale
+        entry.zero, entry.k, entry.quads, entry.n = int8.in_zero, k, w.shape[1], n
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        seqs: PackedSequences,
+    ) -> torch.Tensor:
+        x, bias, span, cu = kernel_inputs(
+            self.encoder, input_ids, token_type_ids, position_ids, seqs
+        )
+        rows = x.shape[0]
+        scratch = torch.empty(rows * (5 * self.hidden + self.inner + 1))
+        q = torch.empty(rows * (max(self.hidden, self.inner) + 3), dtype=torch.uint8)
+        failed = self.run(
+            ctypes.addressof(self.table),
+            self.n_layers,
+            x.data_ptr(),
+            rows,
+            self.hidden,
+            self.inner,
+            self.heads,
+            cu.data_ptr(),
+            seqs.size,
+            bias.data_ptr() if bias is not None else None,
+            span,
+            int(self.rounded),
+            scratch.data_ptr(),
+            q.data_ptr(),
+            torch.get_num_threads(),
+        )
+        if failed:
+            raise MemoryError("the int8 short-pass kernel found no memory for attention")
+        return x
+
+
+def int8_kernel_candidate(
+    lib: ctypes.CDLL | None, encoder: nn.Module, kernels: CpuKernels
+) -> Int8ShortKernel | None:
+    """An Int8ShortKernel for `encoder` (quantized, each layer still holding its int8 values
+    and oneDNN's weights), or None where it does not fit: no library or no VNNI, not the
+    kernel's layers, attention that the longer passes do not run on the same library, or
+    weights past MAX_PARAMETERS (the kernel keeps its own copy)."""
+    if lib is None or "avx512_vnni" not in cpu_flags() or not lib.vp_int8_encoder_built():
+        return None
+    fused = _fused_layers(encoder)
+    if not kernel_fits(encoder, torch.float32):
+        return None
+    if len(fused) != len(encoder.layer_parts()):
+        return None
+    held: list[Int8Weights | None] = [
+        linear.int8
+        for layer in fused
+        for linear in (layer.qkv, layer.attn_out, layer.ffn_in, layer.ffn_out)
+    ]
+    if any(w is None or w.values is None or w.onednn_packed is None for w in held):
+        return None
+    if sum(w.values.numel() for w in held if w is not None and w.values is not None) > (
+        MAX_PARAMETERS
+    ):
+        return None
+    attention = kernels.attention
+    hidden = encoder.layer_parts()[0].ffn[0].in_features
+    if isinstance(attention, RoundedAttention):
+        # A call with a score bias (MPNet's) goes to its float32 kernel.
+        plain = attention.with_bias if encoder.score_bias(1) is not None else attention
+        rounded = not isinstance(plain, FloatAttention)
+    elif isinstance(attention, FloatAttention):
+        plain, rounded = attention, False
+    else:
+        return None
+    if plain is None or hidden // fused[0].heads not in FloatAttention.head_dims:
+        return None
+    kernel = Int8ShortKernel(lib, encoder, fused)
+    kernel.rounded = rounded
+    return kernel

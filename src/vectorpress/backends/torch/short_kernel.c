@@ -393,7 +393,8 @@ void vp_int8_finish(float *y, int64_t rows, int64_t n, const float *scale, const
         for (int64_t c = 0; c < n; c += 16) {
             __mmask16 m = lanes(n - c);
             __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias + c) : _mm512_setzero_ps();
-            _mm512_mask_storeu_ps(yr + c, m, int8_finish(_mm512_maskz_loadu_ps(m, yr + c), s, b, act));
+            __m512 v = int8_finish(_mm512_maskz_loadu_ps(m, yr + c), s, b, act);
+            _mm512_mask_storeu_ps(yr + c, m, v);
         }
     }
 }
@@ -1591,8 +1592,8 @@ VNNI static void int8_linear(const float *x, int64_t rows, const Int8Linear *L, 
 /* Runs `n_layers` int8 layers over x[rows, hidden] in place (bias and span as
    vp_post_norm_encoder's). Attention as longer passes run it: on AVX512-BF16's dot products,
    the rows rounded (`rounded`, a model without a score bias), else in float32. `scratch` holds
-   rows * (6 * hidden + inner + 1) floats, `q` rows * (inner + 3) bytes. Returns 0, or -1 where
-   attention found no memory for its scratch. */
+   rows * (5 * hidden + inner + 1) floats, `q` rows * (max(hidden, inner) + 3) bytes. Returns 0,
+   or -1 where attention found no memory for its scratch. */
 VNNI int vp_int8_post_norm_encoder(const Int8Layer *layers, int64_t n_layers, float *x,
                                    int64_t rows, int64_t hidden, int64_t inner, int64_t heads,
                                    const int32_t *cu, int64_t seqs, const float *bias,

@@ -459,8 +459,9 @@ def profile_lines(profile: list[dict[str, Any]], suite: Suite) -> list[str]:
             "",
             f"The int8 pass itself ran {int8['tokens_per_s'] / rival['tokens_per_s']:.2f}x the "
             "bf16 pass here, in-process, where the servers' int8 / bf16 above is over HTTP. Its "
-            "shares leave out the rows' scaling on the compiled kernel, called outside torch's "
-            "ops (its profiler does not see it); its GEMMs' rate counts int8 operations.",
+            "shares leave out the rows' scaling and the GEMMs' finish (scale, bias, GELU) on the "
+            "compiled kernel, called outside torch's ops (its profiler does not see them); its "
+            "GEMMs' rate counts int8 operations.",
         ]
     return [*lines, ""]
 

@@ -296,7 +296,7 @@ def test_start_up_drops_a_short_pass_kernel_whose_values_differ(
 @needs_kernel
 @pytest.mark.parametrize("width", [384, 1536, 100])
 @pytest.mark.parametrize("gelu", [False, True])
-def test_the_compiled_finish_gives_torchs_values(width: int, gelu: bool) -> None:
+def test_the_compiled_finish_agrees_with_torchs_ops(width: int, gelu: bool) -> None:
     lib = load_library(run_cache())
     assert lib is not None
     gen = torch.Generator().manual_seed(width)
@@ -306,8 +306,6 @@ def test_the_compiled_finish_gives_torchs_values(width: int, gelu: bool) -> None
     for b in (bias, None):
         want = finish(y.clone(), scale, b, gelu)
         got = CompiledFinish(lib)(y.clone(), scale, b, gelu)
-        if gelu:
-            # glibc's erf against torch's: a few float32 steps apart.
-            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-        else:
-            assert torch.equal(got, want)
+        # The fused multiply-add against addcmul's two roundings, the erf against torch's: a few
+        # float32 steps apart.
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 if gelu else 1e-6)

@@ -209,8 +209,7 @@ class CompiledQuantizeRows:
 
 
 # An int8 GEMM's float32 output finished in place: `(y, scale, bias, gelu) -> y`, each row times
-# its input row's scale, the bias (or None) added in one fused multiply-add, then GELU (erf)
-# where `gelu`.
+# its input row's scale, the bias (or None) added, then GELU (erf) where `gelu`.
 Finish = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, bool], torch.Tensor]
 
 

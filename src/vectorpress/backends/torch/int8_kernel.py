@@ -27,7 +27,6 @@ from vectorpress.backends.torch.bf16_kernels import RoundedAttention
 from vectorpress.backends.torch.blocks import FusedPostNormLayer
 from vectorpress.backends.torch.cpu_kernels import CpuKernels
 from vectorpress.backends.torch.f32_kernels import FloatAttention
-from vectorpress.backends.torch.int8 import Int8Weights
 from vectorpress.backends.torch.layers import FusedLinear
 from vectorpress.backends.torch.short_graph import MAX_PARAMETERS
 from vectorpress.backends.torch.short_kernel import (
@@ -97,8 +96,14 @@ class Int8ShortKernel:
     encoder is, `(input_ids, token_type_ids, position_ids, seqs)`."""
 
     def __init__(
-        self, lib: ctypes.CDLL, encoder: PostNormEncoder, fused: list[FusedPostNormLayer]
+        self,
+        lib: ctypes.CDLL,
+        encoder: PostNormEncoder,
+        fused: list[FusedPostNormLayer],
+        rounded: bool,
     ) -> None:
+        """`rounded`: attention on the dot products' kernel, its rows rounded, as the longer
+        passes' `RoundedAttention` runs it (a model with a score bias: float32 either way)."""
         self.encoder = encoder
         self.run = lib.vp_int8_post_norm_encoder
         self.run.restype = ctypes.c_int
@@ -112,7 +117,7 @@ class Int8ShortKernel:
         parts = encoder.layer_parts()
         self.heads = fused[0].heads
         self.hidden, self.inner = parts[0].ffn[0].in_features, parts[0].ffn[0].out_features
-        self.rounded = False
+        self.rounded = rounded
         self.keep: list[torch.Tensor] = []  # what the pointers point at
         table = (_Int8Layer * len(fused))()
         for entry, layer, part in zip(table, fused, parts, strict=True):
@@ -207,21 +212,18 @@ def int8_kernel_candidate(
     fused = _fused_layers(encoder)
     if not kernel_fits(encoder, torch.float32):
         return None
-    if len(fused) != len(encoder.layer_parts()):
-        return None
-    held: list[Int8Weights | None] = [
+    parts = encoder.layer_parts()
+    held = [
         linear.int8
         for layer in fused
         for linear in (layer.qkv, layer.attn_out, layer.ffn_in, layer.ffn_out)
     ]
-    if any(w is None or w.values is None or w.onednn_packed is None for w in held):
+    values = [w.values for w in held if w is not None and w.onednn_packed is not None]
+    if len(fused) != len(parts) or any(v is None for v in values) or len(values) != len(held):
         return None
-    if sum(w.values.numel() for w in held if w is not None and w.values is not None) > (
-        MAX_PARAMETERS
-    ):
+    if sum(v.numel() for v in values if v is not None) > MAX_PARAMETERS:
         return None
     attention = kernels.attention
-    hidden = encoder.layer_parts()[0].ffn[0].in_features
     if isinstance(attention, RoundedAttention):
         # A call with a score bias (MPNet's) goes to its float32 kernel.
         plain = attention.with_bias if encoder.score_bias(1) is not None else attention
@@ -230,8 +232,8 @@ def int8_kernel_candidate(
         plain, rounded = attention, False
     else:
         return None
-    if plain is None or hidden // fused[0].heads not in FloatAttention.head_dims:
+    # Both attention kernels take the same head sizes.
+    dim = parts[0].ffn[0].in_features // fused[0].heads
+    if plain is None or dim not in FloatAttention.head_dims:
         return None
-    kernel = Int8ShortKernel(lib, encoder, fused)
-    kernel.rounded = rounded
-    return kernel
+    return Int8ShortKernel(lib, encoder, fused, rounded)

@@ -43,9 +43,9 @@ from vectorpress.backends.torch.int8 import (
     quantize_rows,
     scale_rows,
 )
-from vectorpress.backends.torch.int8_kernel import Int8ShortKernel
+from vectorpress.backends.torch.int8_kernel import Int8Kernel
 from vectorpress.backends.torch.layers import fused_linears
-from vectorpress.backends.torch.passes import KERNEL, PassPlan
+from vectorpress.backends.torch.passes import KERNEL, CpuPasses, PassPlan
 from vectorpress.backends.torch.short_kernel import load_library
 from vectorpress.cpus import cpu_flags
 from vectorpress.errors import StartupError
@@ -58,7 +58,7 @@ from vectorpress.types import Batch
 def int8_minilm(request: pytest.FixtureRequest, minilm: Path) -> TorchBackend:
     """all-MiniLM-L6-v2 in int8 on each GEMM: start-up as if its timing had found that one
     faster on larger passes and the other on short ones (every pass must still take one);
-    "kernel": oneDNN's, with short passes on the int8 short-pass kernel (`int8_kernel.py`)."""
+    "kernel": oneDNN's kept, every pass on the int8 kernel (`int8_kernel.py`)."""
     gemm: str = request.param
     onednn = gemm != "fbgemm"
     missing = int8_missing() or (onednn_int8_missing() if onednn else None)
@@ -70,9 +70,13 @@ def int8_minilm(request: pytest.FixtureRequest, minilm: Path) -> TorchBackend:
 
     def timed_as(*args: Any, **kwargs: Any) -> PassPlan:
         plan = timed(*args, **kwargs)
-        shortcut = KERNEL if gemm == "kernel" else ""
+        on_kernel = gemm == "kernel"
         return dataclasses.replace(
-            plan, small_onednn=not onednn, large_onednn=onednn, small_shortcut=shortcut
+            plan,
+            small_onednn=not onednn,
+            large_onednn=onednn,
+            small_shortcut=KERNEL if on_kernel else "",
+            large_shortcut=on_kernel,
         )
 
     with pytest.MonkeyPatch.context() as patch:
@@ -80,6 +84,7 @@ def int8_minilm(request: pytest.FixtureRequest, minilm: Path) -> TorchBackend:
         backend = TorchBackend(load_model_spec(minilm, ModelSettings(str(minilm))), "cpu", "int8")
     assert backend.passes.plan.small_onednn == backend.passes.plan.large_onednn == onednn
     assert (backend.passes.shortcut is not None) == (gemm == "kernel")
+    assert backend.passes.plan.large_shortcut == (gemm == "kernel")
     assert all(
         lin.int8 is not None and lin.int8.kernels == ("oneDNN" if onednn else "fbgemm",)
         for lin in fused_linears(backend.model.encoder)
@@ -96,10 +101,6 @@ def test_int8_within_099_of_float32_on_every_corpus_text(
     corpus_fp32: np.ndarray,
 ) -> None:
     want = corpus_fp32
-    if int8_minilm.passes.shortcut is not None:
-        # The short-pass kernel runs passes under 64 tokens: every text alone, so that each
-        # short one runs on it.
-        corpus_batches = tokenized_batches(minilm, corpus(1200, seed=0), 1)
     got = pooled(int8_minilm, corpus_batches)
     linears = fused_linears(int8_minilm.model.encoder)
     assert len(linears) == 24 and all(lin.int8 is not None for lin in linears)
@@ -236,13 +237,16 @@ def test_start_up_keeps_the_int8_gemm_that_ran_its_pass_faster(
     assert plan.small_onednn == plan.large_onednn == (kept == "oneDNN")
 
 
-def _on_the_kernel(folder: Path) -> TorchBackend:
-    """An int8 backend whose start-up timing kept oneDNN's GEMM and the short-pass kernel."""
+def _on_the_kernel(folder: Path, larger: bool = False) -> TorchBackend:
+    """An int8 backend whose start-up timing kept oneDNN's GEMM and the int8 kernel for short
+    passes, and for the larger ones where `larger`."""
     timed = backend_module.plan_passes
 
     def timed_as(*args: Any, **kwargs: Any) -> PassPlan:
         plan = timed(*args, **kwargs)
-        return dataclasses.replace(plan, large_onednn=True, small_shortcut=KERNEL)
+        return dataclasses.replace(
+            plan, large_onednn=True, small_shortcut=KERNEL, large_shortcut=larger
+        )
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(backend_module, "plan_passes", timed_as)
@@ -258,39 +262,51 @@ needs_vnni = pytest.mark.skipif(
 @needs_kernel
 @needs_vnni
 @pytest.mark.parametrize("arch", ["distilbert", "mpnet"])
-def test_short_int8_passes_on_the_kernel_give_the_longer_passes_values(
-    tmp_path: Path, arch: str
+@pytest.mark.parametrize("larger", [False, True], ids=["short", "every"])
+def test_int8_passes_on_the_kernel_give_the_modules_values(
+    tmp_path: Path, arch: str, larger: bool
 ) -> None:
     # Heads of 16, the smallest the attention kernels take; MPNet's score bias takes attention
-    # in float32 (with_bias), DistilBERT's none.
+    # in float32 (with_bias), DistilBERT's none. "short": short passes on the kernel, the
+    # longer ones on the modules; "every": every pass on the kernel, and the batched passes
+    # again on the modules (oneDNN's GEMM, its rows padded), the same to the bit.
     folder = make_tiny(tmp_path / arch, arch, hidden_size=64, intermediate_size=128)
-    backend = _on_the_kernel(folder)
+    backend = _on_the_kernel(folder, larger)
     assert backend.passes.shortcut is not None
+    assert backend.passes.plan.large_shortcut == larger
     offset = backend.spec.position_offset
     texts = corpus(40, seed=4)
     alone = pooled(backend, tokenized_batches(folder, texts, 1, position_offset=offset))
-    together = pooled(backend, tokenized_batches(folder, texts, None, position_offset=offset))
+    batches = tokenized_batches(folder, texts, None, position_offset=offset)
+    together = pooled(backend, batches)
     np.testing.assert_array_equal(alone, together)
+    if larger:
+        passes = backend.passes
+        plan = dataclasses.replace(passes.plan, large_shortcut=False)
+        backend.passes = CpuPasses(
+            passes.max_tokens, plan, shortcut=passes.shortcut, kernels=passes.kernels
+        )
+        np.testing.assert_array_equal(together, pooled(backend, batches))
 
 
 @needs_fbgemm
 @needs_kernel
 @needs_vnni
-def test_start_up_drops_a_short_pass_kernel_whose_values_differ(
+def test_start_up_drops_an_int8_kernel_whose_values_differ(
     tiny_bert_family: Callable[..., Path], caplog: pytest.LogCaptureFixture
 ) -> None:
     folder = make_tiny(tiny_bert_family().parent / "wide-distilbert", "distilbert", hidden_size=64)
-    real = Int8ShortKernel.__call__
+    real = Int8Kernel.__call__
 
-    def off_by_a_bit(self: Int8ShortKernel, *args: Any) -> torch.Tensor:
+    def off_by_a_bit(self: Int8Kernel, *args: Any) -> torch.Tensor:
         out = real(self, *args)
         return torch.nextafter(out, torch.full_like(out, float("inf")))
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Int8ShortKernel, "__call__", off_by_a_bit)
-        backend = _on_the_kernel(folder)
-    assert backend.passes.shortcut is None
-    assert "short passes stay on oneDNN's GEMM" in caplog.text
+        patch.setattr(Int8Kernel, "__call__", off_by_a_bit)
+        backend = _on_the_kernel(folder, larger=True)
+    assert backend.passes.shortcut is None and not backend.passes.plan.large_shortcut
+    assert "the passes stay on oneDNN's GEMM" in caplog.text
 
 
 @needs_kernel

@@ -276,6 +276,51 @@ def test_the_plan_takes_the_kernel_only_where_it_was_timed_faster(minilm: Path) 
 
 
 @needs_onednn
+def test_the_plan_takes_a_shortcut_for_larger_passes_where_it_can_and_ran_them_faster(
+    minilm: Path,
+) -> None:
+    spec = _spec(minilm)
+    encoder = TorchBackend(spec, "cpu", "float32").model.encoder
+    instant, slow = timed_shortcuts(384)
+
+    def short_only(ids: torch.Tensor, *rest: Any) -> torch.Tensor:
+        return (instant if len(ids) < SMALL_PASS_TOKENS else slow)(ids, *rest)
+
+    def plan(run: Any, larger: bool) -> PassPlan:
+        shortcut = Shortcut(KERNEL, run, (0, 1), larger=larger)
+        return plan_passes(encoder, spec.position_offset, shortcuts=(shortcut,))
+
+    assert plan(instant, True).large_shortcut
+    assert not plan(instant, False).large_shortcut
+    short = plan(short_only, True)
+    assert short.small_shortcut == KERNEL and not short.large_shortcut
+
+
+@needs_kernel
+def test_larger_passes_run_on_the_shortcut_where_the_plan_says(minilm: Path) -> None:
+    spec = _spec(minilm)
+    backend = TorchBackend(spec, "cpu", "float32")
+    (batch,) = tokenized_batches(minilm, mixed_texts(12, seed=5))
+    assert len(batch.input_ids) >= SMALL_PASS_TOKENS
+    want = backend.embed(batch).pooled
+    kernel = _kernel(backend, run_cache())
+    calls: list[int] = []
+
+    def counted(*args: Any) -> torch.Tensor:
+        calls.append(args[3].total)
+        return kernel(*args)
+
+    for larger in (False, True):
+        calls.clear()
+        plan = PassPlan(False, False, small_shortcut=KERNEL, large_shortcut=larger)
+        backend.passes = CpuPasses(plan=plan, shortcut=counted)
+        got = backend.embed(batch).pooled
+        assert calls == ([len(batch.input_ids)] if larger else [])
+        assert got is not None and want is not None
+        assert_close_vectors(got, want, min_cos=0.999999, max_abs=1e-5)
+
+
+@needs_onednn
 def test_the_plan_times_native_passes_on_the_compiled_ops(minilm: Path) -> None:
     # What the passes will call: a bfloat16 pass's attention on a CPU without AMX took 42% of
     # it on ATen's calls and 17% on the compiled kernel (docs/performance.md).

@@ -40,7 +40,7 @@ from vectorpress.backends.torch.int8 import (
     keep_int8_gemm,
     quantize_linears,
 )
-from vectorpress.backends.torch.int8_kernel import Int8ShortKernel, int8_kernel_candidate
+from vectorpress.backends.torch.int8_kernel import Int8Kernel, int8_kernel_candidate
 from vectorpress.backends.torch.layers import fused_linears, onednn_supported
 from vectorpress.backends.torch.passes import (
     CPU_PASS_TOKENS,
@@ -359,17 +359,19 @@ class TorchBackend:
             worst,
         )
 
-    def _plan_int8(self, kernels: CpuKernels, kernel: Int8ShortKernel | None) -> CpuPasses:
+    def _plan_int8(self, kernels: CpuKernels, kernel: Int8Kernel | None) -> CpuPasses:
         """Every int8 pass on oneDNN's GEMM unless fbgemm's ran the larger pass faster here by
         INT8_FBGEMM_MARGIN, the other's weights freed; short passes on the thread count that
         ran them faster, or on `kernel` (`int8_kernel.py`) where it ran them faster, the passes
-        are on oneDNN's GEMM and it gives a probe pass's values to the bit. One GEMM for all: a
-        text's vector then does not depend on its pass."""
+        are on oneDNN's GEMM and it gives a probe pass's values to the bit; larger passes on
+        `kernel` too where it also ran the larger pass faster (oneDNN's GEMM then kept whatever
+        fbgemm's timing, for the passes the kernel cannot run, ColBERT's queries). One GEMM's
+        values for all: a text's vector then does not depend on its pass."""
         encoder = self.model.encoder
         # The GEMMs part most on passes of the size int8 runs (at 256 tokens the pass's other
         # work hid their gap in timing noise).
         larger = (64,) * (INT8_PASS_TOKENS // 64)
-        shortcuts = () if kernel is None else (Shortcut(KERNEL, kernel, (0, 1)),)
+        shortcuts = () if kernel is None else (Shortcut(KERNEL, kernel, (0, 1), larger=True),)
         timed = plan_when_quiet(
             lambda: plan_passes(
                 encoder,
@@ -383,7 +385,7 @@ class TorchBackend:
                 margin=-INT8_FBGEMM_MARGIN,
             )
         )
-        onednn = timed.large_onednn and all(
+        onednn = (timed.large_onednn or timed.large_shortcut) and all(
             "oneDNN" in linear.int8.kernels
             for linear in fused_linears(encoder)
             if linear.int8 is not None
@@ -393,7 +395,11 @@ class TorchBackend:
         if kernel is not None and onednn and timed.small_shortcut:
             with_kernel = CpuPasses(
                 INT8_PASS_TOKENS,
-                dataclasses.replace(plan, small_shortcut=timed.small_shortcut),
+                dataclasses.replace(
+                    plan,
+                    small_shortcut=timed.small_shortcut,
+                    large_shortcut=timed.large_shortcut,
+                ),
                 shortcut=kernel,
                 kernels=kernels,
             )
@@ -401,15 +407,18 @@ class TorchBackend:
                 passes = with_kernel
             else:
                 log.warning(
-                    "int8: the short-pass kernel's values differ from oneDNN's passes here: "
-                    "short passes stay on oneDNN's GEMM"
+                    "int8: the pass kernel's values differ from oneDNN's passes here: "
+                    "the passes stay on oneDNN's GEMM"
                 )
         keep_int8_gemm(encoder, onednn)
-        log.info(
-            "int8 passes, as timed here: on %s's GEMM; short ones %s",
-            "oneDNN" if onednn else "fbgemm",
-            f"on {KERNEL}" if passes.shortcut else f"with {_threads(plan.small_threads)}",
-        )
+        gemm = "oneDNN" if onednn else "fbgemm"
+        if passes.shortcut is None:
+            short = f"with {_threads(plan.small_threads)}"
+            log.info("int8 passes, as timed here: on %s's GEMM; short ones %s", gemm, short)
+        elif passes.plan.large_shortcut:
+            log.info("int8 passes, as timed here: every one on %s", KERNEL)
+        else:
+            log.info("int8 passes, as timed here: on %s's GEMM; short ones on %s", gemm, KERNEL)
         return passes
 
     def _same_short_pass(self, native: CpuPasses, shortcut: CpuPasses) -> bool:

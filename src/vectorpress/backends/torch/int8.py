@@ -90,6 +90,12 @@ class _Workspace(threading.local):
 _workspace = _Workspace()
 
 
+def workspace(rows: int, cols: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """This thread's kept buffer of `dtype` as a `(rows, cols)` tensor (its values whatever the
+    last user left): what an int8 pass writes its quantized or scratch rows into."""
+    return _workspace.take(rows, cols, dtype)
+
+
 # Each row of an int8 linear's input times the weights' unsmoothing factor, scaled into
 # [-low, 1] by its own scale: `(x, unsmooth, low, body) -> scale`, the rows written to `body`.
 ScaleRows = Callable[[torch.Tensor, torch.Tensor, float, torch.Tensor], torch.Tensor]

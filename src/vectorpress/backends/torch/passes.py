@@ -111,22 +111,25 @@ class PassPlan:
     or on F.linear; short ones also on how many intra-op threads (0: the caller's count; larger
     passes always take the caller's count, see plan_passes), or on the shortcut of that name
     when `small_shortcut` (the encoder's ONNX graph, `short_graph.py`, or the compiled kernel,
-    `short_kernel.py`)."""
+    `short_kernel.py`); larger passes on that shortcut too where `large_shortcut` (one that
+    can run them, `Shortcut.larger`: the int8 kernel, `int8_kernel.py`)."""
 
     small_onednn: bool
     large_onednn: bool
     small_threads: int = 0
     small_shortcut: str = ""
+    large_shortcut: bool = False
 
 
 @dataclass(frozen=True)
 class Shortcut:
     """Another way to run short passes, with the intra-op thread counts it may run on (0: the
-    caller's count)."""
+    caller's count), and whether it can run larger passes too (on every thread)."""
 
     name: str
     run: Encoder
     threads: tuple[int, ...]
+    larger: bool = False
 
 
 # The encoder's ONNX graph runs on ONNX Runtime's threads; torch's one keeps the ops around it
@@ -162,6 +165,9 @@ def plan_passes(
     GFLOP/s each, in float32 and, at 400-440, in bfloat16. Two threads run a short query 1.5x
     faster than one on an idle machine, but 10x slower when other processes hold the cores
     (each op's barrier waits for a thread that is not scheduled).
+
+    A shortcut that can run larger passes (`Shortcut.larger`), kept for short ones, is timed
+    on the larger pass too, on every thread, and kept for it where it wins there by `margin`.
 
     `fuse=False` times the encoder's linears as they are built (int8's: oneDNN's int8 GEMM or
     fbgemm's); `larger` is the sequence lengths of the larger pass timed; a negative `margin`
@@ -212,7 +218,8 @@ def plan_passes(
 
     small_onednn, small_threads, small_best = pick([16], try_one_thread=True)
     log.debug("a short pass natively: %.2f ms", 1e3 * small_best)
-    chosen: tuple[str, int] | None = None
+    chosen: Shortcut | None = None
+    chosen_threads = 0
     # A shortcut keeps a second copy of the weights: it wins by the margin whichever way the
     # GEMMs' margin leans.
     bar = (1 - abs(margin)) * small_best
@@ -223,15 +230,19 @@ def plan_passes(
             took = timed([16], False, threads or available, shortcut.run)
             log.debug("a short pass on %s, %s threads: %.2f ms", shortcut.name, threads, 1e3 * took)
             if took < bar:
-                chosen, bar = (shortcut.name, threads), took
+                chosen, chosen_threads, bar = shortcut, threads, took
     # Larger passes keep every thread: they split well, and a start-up that met other work on
     # the cores timed one thread faster and would have halved the throughput for good (seen
     # with bfloat16 while a test suite ran beside it).
-    large_onednn, _, _ = pick(list(larger), try_one_thread=False)
-    if chosen is not None:
-        name, threads = chosen
-        return PassPlan(False, large_onednn, threads, small_shortcut=name)
-    return PassPlan(small_onednn, large_onednn, small_threads)
+    large_onednn, _, large_best = pick(list(larger), try_one_thread=False)
+    if chosen is None:
+        return PassPlan(small_onednn, large_onednn, small_threads)
+    large_shortcut = False
+    if chosen.larger:
+        took = timed(list(larger), False, available, chosen.run)
+        log.debug("a %d-token pass on %s: %.2f ms", sum(larger), chosen.name, 1e3 * took)
+        large_shortcut = took < (1 - abs(margin)) * large_best
+    return PassPlan(False, large_onednn, chosen_threads, chosen.name, large_shortcut)
 
 
 # Start-up's timings are taken again when other processes kept more than this share of the
@@ -427,8 +438,9 @@ class CpuPasses:
     ) -> torch.Tensor:
         tokens = seqs.total
         small = tokens < SMALL_PASS_TOKENS
+        on_shortcut = small or self.plan.large_shortcut
         # A ColBERT query holds keys out of attention, which the shortcuts cannot say.
-        if small and self.shortcut is not None and seqs.key_lengths is None:
+        if on_shortcut and self.shortcut is not None and seqs.key_lengths is None:
             with num_threads(self.threads(tokens)):
                 return self.shortcut(input_ids, token_type_ids, position_ids, seqs)
         plan = self.plan

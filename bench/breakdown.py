@@ -23,6 +23,11 @@ INT8_PEAK_OVER_BF16 = 2.0
 
 TEXTS_PER_BATCH = 32
 
+# The least share of a profiled pass's wall time torch's ops must account for (their self CPU
+# time over the wall time, two threads summed as one) for its shares to mean anything: an int8
+# pass on the compiled kernel (`int8_kernel.py`) is one call outside them.
+MIN_SEEN = 0.5
+
 
 def op_kind(name: str) -> str:
     """'gemm', 'attention' or 'other' for a profiler op name."""
@@ -62,7 +67,8 @@ def pass_profile(
     """The torch backend's pass over `texts` (cut at `limit` tokens, default the model's
     max_length) in `dtype`: tokens/s
     unprofiled (the better of two runs), then one profiled run's shares and its GEMMs' rate
-    (GFLOP/s while they ran)."""
+    (GFLOP/s while they ran); the shares and rate None where torch's ops took under
+    MIN_SEEN of that run (a pass on a compiled kernel, one call outside them: int8's)."""
     import torch
     from bench.tokens import bench_tokenizer
 
@@ -92,16 +98,20 @@ def pass_profile(
             engine.embed(batch)
         best = min(best, time.perf_counter() - started)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        started = time.perf_counter()
         for batch in batches:
             engine.embed(batch)
+        wall = time.perf_counter() - started
     self_times = {e.key: e.self_cpu_time_total / 1e6 for e in prof.key_averages()}
+    seen = sum(self_times.values()) / wall
+    out: dict[str, Any] = {"dtype": dtype, "tokens": tokens, "tokens_per_s": tokens / best}
+    if seen < MIN_SEEN:
+        return {**out, "gemm": None, "attention": None, "other": None, "gemm_gflops": None}
     split = shares(self_times)
     gemm_seconds = split["gemm"] * sum(self_times.values())
     config = json.loads((model / "config.json").read_text())
     return {
-        "dtype": dtype,
-        "tokens": tokens,
-        "tokens_per_s": tokens / best,
+        **out,
         **split,
         "gemm_gflops": tokens * gemm_flops_per_token(config) / max(gemm_seconds, 1e-9) / 1e9,
     }

@@ -824,10 +824,11 @@ def main() -> None:
         for dtype in profiled + ([] if int8_missing() else ["int8"])
     ]
     for prof in meta["profile"]:
-        log(
-            f"in-process pass, {prof['dtype']}: {prof['tokens_per_s']:.0f} tok/s, GEMM "
-            f"{prof['gemm']:.0%}, attention {prof['attention']:.0%}, other {prof['other']:.0%}"
+        split = ", ".join(
+            f"{name} {'-' if prof[key] is None else format(prof[key], '.0%')}"
+            for name, key in (("GEMM", "gemm"), ("attention", "attention"), ("other", "other"))
         )
+        log(f"in-process pass, {prof['dtype']}: {prof['tokens_per_s']:.0f} tok/s, {split}")
 
     openvino = not args.no_openvino and importlib.util.find_spec("openvino") is not None
     meta["auto"] = auto_checks(suites, ["torch", *(["openvino"] if openvino else [])])

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from bench import breakdown
 from bench.breakdown import int8_bound, op_kind, pass_profile, shares
 from bench.report import profile_lines, targets
 
@@ -67,3 +68,13 @@ def test_the_profile_runs_the_torch_backend_and_splits_all_its_time(
     assert got["tokens"] > len(texts) and got["tokens_per_s"] > 0
     assert got["gemm"] > 0 and got["attention"] > 0
     assert got["gemm"] + got["attention"] + got["other"] == pytest.approx(1.0)
+
+
+def test_a_pass_the_profiler_barely_sees_gets_no_shares(
+    tiny_bert_family: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As an int8 pass on the compiled kernel: torch's ops account for little of its time.
+    monkeypatch.setattr(breakdown, "MIN_SEEN", 10.0)
+    got = pass_profile(tiny_bert_family(), ["a short one"] * 8, "float32", limit=64)
+    assert got["tokens_per_s"] > 0
+    assert got["gemm"] is got["attention"] is got["other"] is got["gemm_gflops"] is None

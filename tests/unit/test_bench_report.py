@@ -348,3 +348,15 @@ def test_the_pass_profile_shows_int8_beside_bf16_without_a_ceiling_of_its_own() 
     text = " ".join(lines)
     assert "at most 1 / ((1 - g) + g / 2) = 1.67x the bf16 pass" in text
     assert "The int8 pass itself ran 1.30x the bf16 pass here, in-process" in text
+
+
+def test_the_pass_profile_shows_an_int8_pass_on_the_kernel_without_shares() -> None:
+    bf16 = {"dtype": "bfloat16", "tokens": 1000, "tokens_per_s": 15_000, "gemm": 0.8,
+            "attention": 0.1, "other": 0.1, "gemm_gflops": 150.0}  # fmt: skip
+    kernel = {"dtype": "int8", "tokens": 1000, "tokens_per_s": 25_000, "gemm": None,
+              "attention": None, "other": None, "gemm_gflops": None}  # fmt: skip
+    lines = profile_lines([bf16, kernel], suite())
+    rows = {line.split(" | ")[0]: line for line in lines if line.startswith("| ")}
+    assert rows["| int8"] == "| int8 | 25,000 | - | - | - | - | - GFLOP/s, - |"
+    text = " ".join(lines)
+    assert "ran 1.67x the bf16 pass here" in text and "no shares" in text

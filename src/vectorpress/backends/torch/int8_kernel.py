@@ -17,7 +17,7 @@ bit alone or among others, on the kernel or off it, and start-up checks that on 
 keeping the kernel.
 
 On longer passes the kernel's GEMM (8 rows by 48 columns a block, its 24 sums held in registers)
-ran all-MiniLM-L6-v2's four linear shapes at 2,048 rows at 746-754 GOP/s against oneDNN's 805
+ran all-MiniLM-L6-v2's four linear shapes at 2,048 rows at 746-769 GOP/s against oneDNN's 805
 (Zen 4, 2 threads), and the whole pass, its outputs finished as they leave the registers and
 without the calls between the ops, ran the 600-text corpus (batches of 32) at 24,875-25,791
 tokens/s against 20,536-22,300 on the modules with oneDNN's GEMM (alternated rounds).

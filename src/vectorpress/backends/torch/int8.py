@@ -231,7 +231,7 @@ def finish(
 
 class CompiledFinish:
     """`Finish` in one pass over the rows on the compiled kernel's library (`short_kernel.c`),
-    where torch's addcmul and GELU took two; the same function the short int8 passes finish
+    where torch's addcmul and GELU took two; the same function the int8 kernel's passes finish
     their GEMMs with (`int8_kernel.py`), so that a token's values are the same on either."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
@@ -443,7 +443,7 @@ class Int8Weights:
         # rose from 0.9919 with [-1, 1] to 0.9927.
         y: torch.Tensor
         if self.onednn_packed is not None and (onednn or self.packed is None):
-            q = _workspace.take(x.shape[0], shape[-1], torch.uint8)
+            q = workspace(x.shape[0], shape[-1], torch.uint8)
             scale = self.rows.quantize(x, self.unsmooth, self.low, self.in_step, self.in_zero, q)
             y = torch.ops.onednn.qlinear_pointwise(
                 q,
@@ -461,7 +461,7 @@ class Int8Weights:
                 "",
             )
         else:
-            body = _workspace.take(x.shape[0], shape[-1])
+            body = workspace(x.shape[0], shape[-1])
             scale = self.rows.scale(x, self.unsmooth, self.low, body)
             y = self.linear(body, self.in_scale, self.in_zero, self.packed)
         y = self.rows.finish(y, scale, bias, gelu)

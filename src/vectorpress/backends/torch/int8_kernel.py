@@ -7,7 +7,7 @@ Through the model's own modules a one-query int8 pass was slower than float32's 
 its kernel: on a Zen 4 (2 cores), all-MiniLM-L6-v2's 10-token query took 3.8-4.4 ms in-process
 against 2.5-2.6, of which oneDNN's 24 int8 GEMMs took 1.43 ms and the Python and op calls
 around them most of the rest. The kernel runs every layer in one call: each linear's rows are
-quantized as the longer passes quantize them, multiplied by the int8 weights on VNNI's dot
+quantized as the modules' passes quantize them, multiplied by the int8 weights on VNNI's dot
 products (the weights laid out in panels of 48 columns by fours of inputs), and their sums taken
 back to float32 as oneDNN's GEMM takes its own (the zero point's share subtracted, times the
 input's scale, then the column's: checked against oneDNN's outputs to the bit on 1 to 2,048
@@ -216,7 +216,7 @@ def int8_kernel_candidate(
 ) -> Int8Kernel | None:
     """An Int8Kernel for `encoder` (quantized, each layer still holding its int8 values
     and oneDNN's weights), or None where it does not fit: no library or no VNNI, not the
-    kernel's layers, attention that the longer passes do not run on the same library, or
+    kernel's layers, attention that the modules' passes do not run on the same library, or
     weights past MAX_PARAMETERS (the kernel keeps its own copy)."""
     if lib is None or "avx512_vnni" not in cpu_flags() or not lib.vp_int8_encoder_built():
         return None

@@ -217,7 +217,7 @@ class FusedLinear:
         if _kernel.observe is not None:
             _kernel.observe(self, x)
         if self.int8 is not None:
-            # GELU in the int8 GEMM's finish, as the short int8 passes' kernel applies it.
+            # GELU in the int8 GEMM's finish, as the int8 kernel applies it.
             gelu = self.act_name == "gelu"
             y = self.int8(x, self.bias, onednn=_kernel.onednn, gelu=gelu)
             return self.act_(y) if self.act_ is not None and not gelu else y

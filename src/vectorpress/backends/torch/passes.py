@@ -354,7 +354,7 @@ class CpuPasses:
     ) -> None:
         self.max_tokens = max_tokens
         self.plan = plan
-        # Where the plan runs short passes on a shortcut (`PassPlan.small_shortcut`).
+        # Where the plan runs short passes, or every pass, on a shortcut (`PassPlan`).
         self.shortcut = shortcut if plan.small_shortcut else None
         # Sort a batch's sequences by length before cutting it (see
         # PackedSequences.longest_first); False runs them in arrival order (the reference).

@@ -1492,13 +1492,14 @@ void vp_post_norm_encoder(const Layer *layers, int64_t n_layers, float *x, int64
 }
 
 /* A pass of an int8 model's post-LayerNorm encoder (int8.py), one call for every layer:
-   each linear's input rows quantized as longer passes quantize them (`quantize_row`), multiplied
-   by the int8 weights on AVX512-VNNI's dot products (four u8 x s8 products a lane, summed exactly
-   in int32), taken back to float32 as oneDNN's int8 GEMM takes its sums (the zero point's share
-   subtracted, then times the input's scale, then times the column's), and finished as longer
-   passes finish oneDNN's output (`int8_finish`); attention and the residual LayerNorms on the
-   functions longer passes call. So a token's values are those a longer pass on oneDNN's GEMM
-   gives it, to the last bit: a text's vector does not depend on the pass it runs in. */
+   each linear's input rows quantized as the modules' passes quantize them (`quantize_row`),
+   multiplied by the int8 weights on AVX512-VNNI's dot products (four u8 x s8 products a lane,
+   summed exactly in int32), taken back to float32 as oneDNN's int8 GEMM takes its sums (the
+   zero point's share subtracted, then times the input's scale, then times the column's), and
+   finished as the modules' passes finish oneDNN's output (`int8_finish`); attention and the
+   residual LayerNorms on the functions those call. So a token's values are those a pass through
+   the modules on oneDNN's GEMM gives it, to the last bit: a text's vector does not depend on the
+   pass it runs in. */
 #if (defined(__clang__) && __clang_major__ >= 8) || (!defined(__clang__) && __GNUC__ >= 9)
 
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
@@ -1548,7 +1549,7 @@ VNNI static inline void int8_store(__m512i (*c)[3], int rows, const Int8Linear *
 _Static_assert(ROWS == 8, "int8_block names its sums for 8 rows");
 
 /* out[rows, cols] = the finished int8 product of u8 rows a (lda bytes apart) and one panel,
-   rows <= ROWS, cols <= PANEL, from column `col`; rows past `rows` repeat the last one. The 24
+   rows <= ROWS, cols <= PANEL, of panel `panel`; rows past `rows` repeat the last one. The 24
    sums are named variables rather than an array: with `__m512i c[ROWS][3]`, read by the store's
    loop over a variable row count, GCC 12 kept the array in memory and stored every sum on each
    step of the inner loop, and the GEMM ran at half its rate (388 against 746 GOP/s on
@@ -1607,7 +1608,7 @@ VNNI static void int8_linear(const float *x, int64_t rows, const Int8Linear *L, 
 }
 
 /* Runs `n_layers` int8 layers over x[rows, hidden] in place (bias and span as
-   vp_post_norm_encoder's). Attention as longer passes run it: on AVX512-BF16's dot products,
+   vp_post_norm_encoder's). Attention as the modules' passes run it: on AVX512-BF16's dot products,
    the rows rounded (`rounded`, a model without a score bias), else in float32. `scratch` holds
    rows * (5 * hidden + inner + 1) floats, `q` rows * (max(hidden, inner) + 3) bytes. Returns 0,
    or -1 where attention found no memory for its scratch. */

@@ -25,6 +25,7 @@ from tests.helpers.batches import (
 from tests.helpers.checkpoints import make_tiny
 from tests.helpers.cpu import needs_fbgemm, needs_kernel
 from tests.helpers.kernels import run_cache
+from tests.helpers.pages import huge_kib, thp_given
 from tests.helpers.reference import assert_close_vectors, st_encode
 from tests.helpers.server import LiveServer
 from vectorpress.backends.select import select_backend
@@ -272,8 +273,14 @@ def test_int8_passes_on_the_kernel_give_the_modules_values(
     # again on the modules (oneDNN's GEMM, its rows padded), the same to the bit.
     folder = make_tiny(tmp_path / arch, arch, hidden_size=64, intermediate_size=128)
     backend = _on_the_kernel(folder, larger)
-    assert backend.passes.shortcut is not None
+    kernel = backend.passes.shortcut
+    assert isinstance(kernel, Int8Kernel)
     assert backend.passes.plan.large_shortcut == larger
+    # The weights every pass reads are on huge pages where Linux gives them.
+    weights = [getattr(layer, name).w for layer in kernel.table for name in ("qkv", "ffn_out")]
+    assert all(w % 64 == 0 for w in weights)
+    if thp_given():
+        assert all(huge_kib(w) > 0 for w in weights)
     offset = backend.spec.position_offset
     texts = corpus(40, seed=4)
     alone = pooled(backend, tokenized_batches(folder, texts, 1, position_offset=offset))

@@ -22,6 +22,7 @@ from tests.helpers.checkpoints import copy_tokenizer, make_tiny, write_st_files
 from tests.helpers.cpu import needs_amx, needs_bf16, needs_kernel, needs_onednn, why_no_kernel
 from tests.helpers.kernels import run_cache
 from tests.helpers.mpnet import mpnet_path
+from tests.helpers.pages import huge_kib, thp_given
 from tests.helpers.passes import timed_shortcuts
 from tests.helpers.reference import assert_close_vectors, st_encode
 from tests.helpers.texts import mixed_texts
@@ -137,6 +138,41 @@ def test_the_kernel_gives_transformers_hidden_states(arch: str, awkward: dict[st
                 assert got[rows].shape == (n, 40)
                 diff = float((got[rows] - want).abs().max())
                 assert diff < 2e-5, (arch, lengths, i, diff)
+
+
+@needs_kernel
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_kernel_embeds_as_the_model_does_and_leaves_bad_ids_to_it(
+    arch: str, awkward: dict[str, Path]
+) -> None:
+    spec = _spec(awkward[arch])
+    backend = TorchBackend(spec, "cpu", "float32")
+    kernel = _kernel(backend, run_cache())
+    encoder = backend.model.encoder
+    embedding = kernel.embedding
+    assert embedding is not None and embedding.usable
+    for _, (ids, types, positions, _) in _cases(arch, spec.position_offset):
+        with torch.inference_mode():
+            got = embedding((ids, types, positions))
+            want = encoder.embed(ids, types, positions)
+        assert got is not None
+        assert float((got - want).abs().max()) < 1e-6, arch
+    # An id past its table: the kernel's embedding declines, and the model's module says why.
+    ids, types, positions, seqs = _packed([9], spec.position_offset)
+    bad = ids.clone()
+    bad[4] = encoder.embedding_sum().tables[0][0].num_embeddings
+    assert embedding((bad, types, positions)) is None
+    with pytest.raises(IndexError):
+        kernel(bad, types, positions, seqs)
+    # The weights every pass reads are on huge pages where Linux gives them.
+    first = kernel.table[0].qkv
+    assert first % 64 == 0
+    if thp_given():
+        assert huge_kib(first) > 0
+    # A bfloat16 model's embeddings stay with its module (they round as it rounds).
+    if not kernel.bf16:
+        bf16 = _kernel(TorchBackend(spec, "cpu", "bfloat16"), run_cache())
+        assert bf16.embedding is None or not bf16.embedding.usable
 
 
 @needs_kernel

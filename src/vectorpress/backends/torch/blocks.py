@@ -90,6 +90,17 @@ class PostNormParts:
     ffn_norm: nn.LayerNorm
 
 
+@dataclass(frozen=True)
+class EmbeddingSum:
+    """A post-LayerNorm encoder's embeddings as the sum of table rows, in the order its module
+    adds them, then a LayerNorm: each table with the input it is read by (0 input ids, 1 token
+    type ids, 2 position ids; None: row 0 for every token). What the short-pass kernel runs
+    them from (`short_kernel.py`)."""
+
+    tables: tuple[tuple[nn.Embedding, int | None], ...]
+    norm: nn.LayerNorm
+
+
 @dataclass
 class FusedPostNormLayer:
     """The GEMMs of a post-LayerNorm encoder layer (DistilBERT, MPNet): Q, K and V as one

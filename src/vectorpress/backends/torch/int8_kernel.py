@@ -30,6 +30,7 @@ import ctypes
 import torch
 from torch import nn
 
+from vectorpress.backends.common.huge_pages import on_huge_pages
 from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.backends.torch.bf16_kernels import RoundedAttention
 from vectorpress.backends.torch.blocks import FusedPostNormLayer
@@ -131,12 +132,19 @@ class Int8Kernel:
         self.rounded = rounded
         self.keep: list[torch.Tensor] = []  # what the pointers point at
         table = (_Int8Layer * len(fused))()
+        linears: list[tuple[_Int8Linear, torch.Tensor]] = []
         for entry, layer, part in zip(table, fused, parts, strict=True):
             for name in ("qkv", "attn_out", "ffn_in", "ffn_out"):
-                self._fill(getattr(entry, name), getattr(layer, name))
+                linear = getattr(entry, name)
+                linears.append((linear, self._fill(linear, getattr(layer, name))))
             entry.norm1, entry.norm1_bias = self._ptr(part.attn_norm.weight, part.attn_norm.bias)
             entry.norm2, entry.norm2_bias = self._ptr(part.ffn_norm.weight, part.ffn_norm.bias)
             entry.eps1, entry.eps2 = part.attn_norm.eps, part.ffn_norm.eps
+        # Every pass reads all the weights: on huge pages (huge_pages.py says why).
+        placed = on_huge_pages([w for _, w in linears])
+        for (linear, _), w in zip(linears, placed, strict=True):
+            linear.w = w.data_ptr()
+        self.keep.extend(placed)
         self.table = table
         self.n_layers = len(fused)
 
@@ -145,7 +153,9 @@ class Int8Kernel:
         self.keep.extend(kept)
         return tuple(t.data_ptr() for t in kept)
 
-    def _fill(self, entry: _Int8Linear, linear: FusedLinear) -> None:
+    def _fill(self, entry: _Int8Linear, linear: FusedLinear) -> torch.Tensor:
+        """Sets `entry` from `linear` but for its weights, which it returns in the kernel's
+        layout."""
         int8 = linear.int8
         assert int8 is not None and int8.values is not None
         values = int8.values
@@ -166,8 +176,8 @@ class Int8Kernel:
             columns(bias.detach().float()),
         )
         unsmooth = int8.unsmooth.float().contiguous()
-        self.keep.extend([w, zero_sums, scales, bias, unsmooth])
-        entry.w, entry.zero_sums = w.data_ptr(), zero_sums.data_ptr()
+        self.keep.extend([zero_sums, scales, bias, unsmooth])
+        entry.zero_sums = zero_sums.data_ptr()
         entry.scales, entry.bias, entry.unsmooth = (
             scales.data_ptr(),
             bias.data_ptr(),
@@ -175,6 +185,7 @@ class Int8Kernel:
         )
         entry.low, entry.step, entry.in_scale = int8.low, int8.in_step, int8.in_scale
         entry.zero, entry.k, entry.quads, entry.n = int8.in_zero, k, w.shape[1], n
+        return w
 
     def __call__(
         self,

@@ -52,8 +52,9 @@ from typing import Any, Protocol, TypeGuard, runtime_checkable
 import torch
 from torch import nn
 
+from vectorpress.backends.common.huge_pages import on_huge_pages
 from vectorpress.backends.common.sequences import PackedSequences
-from vectorpress.backends.torch.blocks import PostNormParts
+from vectorpress.backends.torch.blocks import EmbeddingSum, PostNormParts
 from vectorpress.backends.torch.layers import portable_cpu
 from vectorpress.cpus import cpu_flags
 
@@ -102,6 +103,8 @@ class PostNormEncoder(Protocol):
     ) -> torch.Tensor: ...
 
     def layer_parts(self) -> list[PostNormParts]: ...
+
+    def embedding_sum(self) -> EmbeddingSum: ...
 
     def score_bias(self, length: int) -> torch.Tensor | None: ...
 
@@ -224,6 +227,19 @@ def _build_and_load(cache_dir: Path, compiler: str) -> ctypes.CDLL | None:
     ]
     lib.vp_amx_ready.restype = ctypes.c_int
     lib.vp_amx_ready.argtypes = []
+    lib.vp_embed_norm.restype = ctypes.c_int
+    lib.vp_embed_norm.argtypes = [
+        ctypes.c_void_p,  # tables
+        ctypes.c_void_p,  # ids
+        ctypes.c_void_p,  # sizes
+        ctypes.c_int64,  # n_tables
+        ctypes.c_int64,  # rows
+        ctypes.c_int64,  # hidden
+        ctypes.c_void_p,  # w
+        ctypes.c_void_p,  # b
+        ctypes.c_float,  # eps
+        ctypes.c_void_p,  # out
+    ]
     return lib
 
 
@@ -281,18 +297,32 @@ class ShortKernel:
             self.keep.append(t)
             return t.data_ptr()
 
-        def weights(t: torch.Tensor) -> int:
-            return ptr(panels(t if self.bf16 else t.float()))
+        def weights(t: torch.Tensor) -> torch.Tensor:
+            return panels(t if self.bf16 else t.float())
 
         table = (_Layer * len(layers))()
-        for entry, parts in zip(table, layers, strict=True):
-            for name, linears in (
+        linears_of = [
+            (
                 ("qkv", parts.qkv),
                 ("attn_out", (parts.attn_out,)),
                 ("ffn_in", (parts.ffn[0],)),
                 ("ffn_out", (parts.ffn[1],)),
-            ):
-                setattr(entry, name, weights(torch.cat([lin.weight.detach() for lin in linears])))
+            )
+            for parts in layers
+        ]
+        # Every pass reads all of them: on huge pages (huge_pages.py says why).
+        placed = iter(
+            on_huge_pages(
+                [
+                    weights(torch.cat([lin.weight.detach() for lin in linears]))
+                    for named in linears_of
+                    for _, linears in named
+                ]
+            )
+        )
+        for entry, parts, named in zip(table, layers, linears_of, strict=True):
+            for name, linears in named:
+                setattr(entry, name, ptr(next(placed)))
                 bias = torch.cat([_bias(lin) for lin in linears]).float()
                 setattr(entry, f"{name}_bias", ptr(bias))
             norm1, norm2 = parts.attn_norm, parts.ffn_norm
@@ -301,6 +331,7 @@ class ShortKernel:
             entry.eps1, entry.eps2 = norm1.eps, norm2.eps
         self.table = table
         self.n_layers = len(layers)
+        self.embedding = _Embedding(lib, encoder.embedding_sum()) if not self.bf16 else None
 
     def __call__(
         self,
@@ -310,7 +341,7 @@ class ShortKernel:
         seqs: PackedSequences,
     ) -> torch.Tensor:
         x, bias, span, cu = kernel_inputs(
-            self.encoder, input_ids, token_type_ids, position_ids, seqs
+            self.encoder, input_ids, token_type_ids, position_ids, seqs, self.embedding
         )
         rows = x.shape[0]
         # The bfloat16 linears' inputs, whole tiles of them, after the float32 values.
@@ -335,18 +366,69 @@ class ShortKernel:
         return x
 
 
+class _Embedding:
+    """A float32 model's embeddings on the kernel's `vp_embed_norm` (the same sums, the
+    LayerNorm as the kernel's layers run theirs), or None from a call where the model's
+    tables are not float32 or an id is outside its table: the model's module then runs them
+    (and says what is wrong)."""
+
+    def __init__(self, lib: ctypes.CDLL, parts: EmbeddingSum) -> None:
+        self.run = lib.vp_embed_norm
+        tables = [table.weight.detach() for table, _ in parts.tables]
+        norm = parts.norm
+        self.usable = all(t.dtype == torch.float32 and t.is_contiguous() for t in tables) and (
+            norm.weight is not None
+            and norm.bias is not None
+            and norm.weight.dtype == torch.float32
+            and norm.bias.dtype == torch.float32
+        )
+        self.keep = tables  # what the pointers point at
+        self.tables = (ctypes.c_void_p * len(tables))(*[t.data_ptr() for t in tables])
+        self.sizes = (ctypes.c_int64 * len(tables))(*[t.shape[0] for t in tables])
+        self.inputs = [which for _, which in parts.tables]
+        self.hidden = tables[0].shape[1]
+        self.norm = norm
+
+    def __call__(self, ids: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
+        if not self.usable:
+            return None
+        rows = ids[0].shape[0]
+        read = [ids[i].to(torch.int64).contiguous() if i is not None else None for i in self.inputs]
+        pointers = (ctypes.c_void_p * len(read))(
+            *[t.data_ptr() if t is not None else None for t in read]
+        )
+        out = torch.empty(rows, self.hidden)
+        norm = self.norm
+        done = self.run(
+            self.tables,
+            pointers,
+            self.sizes,
+            len(read),
+            rows,
+            self.hidden,
+            norm.weight.data_ptr(),
+            norm.bias.data_ptr(),
+            norm.eps,
+            out.data_ptr(),
+        )
+        return out if done == 0 else None
+
+
 def kernel_inputs(
     encoder: PostNormEncoder,
     input_ids: torch.Tensor,
     token_type_ids: torch.Tensor,
     position_ids: torch.Tensor,
     seqs: PackedSequences,
+    embedding: _Embedding | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, int, torch.Tensor]:
     """What a kernel's encoder call takes for a pass: its embeddings (float32, written over
-    by the kernel), the score bias of its longest sequence (or None) and that length, and
-    the sequences' bounds (int32)."""
+    by the kernel; from `embedding` where given and it can), the score bias of its longest
+    sequence (or None) and that length, and the sequences' bounds (int32)."""
     with torch.inference_mode():
-        x = encoder.embed(input_ids, token_type_ids, position_ids).float().contiguous()
+        x = embedding((input_ids, token_type_ids, position_ids)) if embedding else None
+        if x is None:
+            x = encoder.embed(input_ids, token_type_ids, position_ids).float().contiguous()
         span = max(seqs.lengths)
         bias = encoder.score_bias(span)
         if bias is not None:

@@ -17,6 +17,7 @@ from torch import nn
 
 from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.backends.torch.blocks import (
+    EmbeddingSum,
     Fusable,
     FusedModel,
     FusedPostNormLayer,
@@ -155,6 +156,18 @@ class BertModel(FusedModel):
     ) -> torch.Tensor:
         out: torch.Tensor = self.embeddings(input_ids, token_type_ids, position_ids)
         return out
+
+    def embedding_sum(self) -> EmbeddingSum:
+        emb = self.embeddings
+        types = emb.token_type_embeddings
+        return EmbeddingSum(
+            (
+                (emb.word_embeddings, 0),
+                (types, 1 if types.num_embeddings > 1 else None),
+                (emb.position_embeddings, 2),
+            ),
+            emb.LayerNorm,
+        )
 
     def layer_parts(self) -> list[PostNormParts]:
         return [layer.parts() for layer in self.encoder.layer]  # type: ignore[operator]

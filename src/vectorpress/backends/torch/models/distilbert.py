@@ -14,6 +14,7 @@ from torch import nn
 
 from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.backends.torch.blocks import (
+    EmbeddingSum,
     Fusable,
     FusedModel,
     FusedPostNormLayer,
@@ -116,6 +117,10 @@ class DistilBertModel(FusedModel):
     ) -> torch.Tensor:
         out: torch.Tensor = self.embeddings(input_ids, position_ids)
         return out
+
+    def embedding_sum(self) -> EmbeddingSum:
+        emb = self.embeddings
+        return EmbeddingSum(((emb.word_embeddings, 0), (emb.position_embeddings, 2)), emb.LayerNorm)
 
     def layer_parts(self) -> list[PostNormParts]:
         return [layer.parts() for layer in self.transformer.layer]  # type: ignore[operator]

@@ -19,7 +19,13 @@ import torch
 from torch import nn
 
 from vectorpress.backends.common.sequences import PackedSequences
-from vectorpress.backends.torch.blocks import FusedModel, FusedPostNormLayer, PostNormParts, built
+from vectorpress.backends.torch.blocks import (
+    EmbeddingSum,
+    FusedModel,
+    FusedPostNormLayer,
+    PostNormParts,
+    built,
+)
 from vectorpress.backends.torch.models.bert import PostNormFFN
 
 _BUCKETS = 32
@@ -147,6 +153,10 @@ class MPNetModel(FusedModel):
         # Rounded to bfloat16 it had cost all-mpnet-base-v2 cosine 0.9973 to float32 on one
         # benchmark text (0.9999 kept), a rounding that compounds with the others.
         return [self.encoder.relative_attention_bias]
+
+    def embedding_sum(self) -> EmbeddingSum:
+        emb = self.embeddings
+        return EmbeddingSum(((emb.word_embeddings, 0), (emb.position_embeddings, 2)), emb.LayerNorm)
 
     def layer_parts(self) -> list[PostNormParts]:
         return [layer.parts() for layer in self.encoder.layer]  # type: ignore[operator]

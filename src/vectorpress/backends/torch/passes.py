@@ -169,6 +169,11 @@ def plan_passes(
     A shortcut that can run larger passes (`Shortcut.larger`), kept for short ones, is timed
     on the larger pass too, on every thread, and kept for it where it wins there by `margin`.
 
+    The ways a pass can run are timed in turn, a run of each per round, not one way's runs and
+    then the next's: this machine's speed wanders by a fifth within a minute, and a bfloat16
+    server of one benchmark run, its ways timed one after the other, kept its short passes on
+    oneDNN on one thread where the compiled kernel, timed again, took 2.01 ms against 2.41.
+
     `fuse=False` times the encoder's linears as they are built (int8's: oneDNN's int8 GEMM or
     fbgemm's); `larger` is the sequence lengths of the larger pass timed; a negative `margin`
     keeps oneDNN unless it is slower by more than that share.
@@ -177,72 +182,105 @@ def plan_passes(
         encoder.fuse(True)
     available = torch.get_num_threads()
 
-    def timed(lengths: list[int], onednn: bool, threads: int, run: Encoder | None = None) -> float:
+    def pass_of(lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor, PackedSequences]:
         ids = torch.zeros(sum(lengths), dtype=torch.long)
         positions = torch.cat([torch.arange(n) for n in lengths]) + position_offset
         bounds = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
-        seqs = PackedSequences(bounds, max(lengths))
-        forward = run or encoder
-        times: list[float] = []
-        # The native passes as they will run: on the compiled ops they call where they fit.
-        with (
-            torch.inference_mode(),
-            onednn_linears(onednn),
-            num_threads(threads),
-            cpu_kernels(kernels),
-        ):
-            # The first run builds kernels: not counted. A large model stops after one timed
-            # run, or planning would hold its start-up for a minute.
-            while len(times) < repeats + 1 and (len(times) < 2 or sum(times[1:]) < budget):
-                started = time.perf_counter()
-                forward(ids, ids, positions, seqs)
-                times.append(time.perf_counter() - started)
-        return min(times[1:])
+        return ids, positions, PackedSequences(bounds, max(lengths))
 
-    def pick(lengths: list[int], try_one_thread: bool) -> tuple[bool, int, float]:
-        on_onednn = timed(lengths, True, available)
-        on_f_linear = timed(lengths, False, available)
-        log.debug(
-            "a %d-token pass: %.2f ms on oneDNN, %.2f without",
-            sum(lengths),
-            1e3 * on_onednn,
-            1e3 * on_f_linear,
-        )
+    def raced(lengths: list[int], ways: list[_Way]) -> list[float]:
+        """Each way's best time for a pass of `lengths`, the ways run in turn: a first run
+        each (it builds kernels: not counted), then rounds of one run each, so that the
+        machine's speed, which can wander by a fifth within a minute, weighs on all of them
+        alike. A way stops after `repeats` timed runs, or after two once its timed runs passed
+        `budget` seconds (a large model's planning would otherwise hold its start-up for a
+        minute)."""
+        ids, positions, seqs = pass_of(lengths)
+        times: list[list[float]] = [[] for _ in ways]
+
+        def wants(took: list[float]) -> bool:
+            return len(took) < repeats + 1 and (len(took) < 2 or sum(took[1:]) < budget)
+
+        while any(wants(took) for took in times):
+            for way, took in zip(ways, times, strict=True):
+                if not wants(took):
+                    continue
+                # The native passes as they will run: on the compiled ops they call where
+                # they fit.
+                with (
+                    torch.inference_mode(),
+                    onednn_linears(way.onednn),
+                    num_threads(way.threads or available),
+                    cpu_kernels(kernels),
+                ):
+                    started = time.perf_counter()
+                    (way.run or encoder)(ids, ids, positions, seqs)
+                    took.append(time.perf_counter() - started)
+        return [min(took[1:]) for took in times]
+
+    def gemm(on_onednn: float, on_f_linear: float) -> tuple[bool, float]:
         onednn = on_onednn < (1 - margin) * on_f_linear
-        best = on_onednn if onednn else on_f_linear
-        if try_one_thread and available > 1:
-            one = timed(lengths, onednn, 1)
-            if one < best:
-                return onednn, 1, one
-        return onednn, 0, best
+        return onednn, on_onednn if onednn else on_f_linear
 
-    small_onednn, small_threads, small_best = pick([16], try_one_thread=True)
+    short = [16]
+    native = [_Way(True), _Way(False)]
+    if available > 1:
+        native += [_Way(True, 1), _Way(False, 1)]
+    offered = [
+        (shortcut, threads)
+        for shortcut in shortcuts
+        for threads in shortcut.threads
+        if threads <= available
+    ]
+    took = raced(short, native + [_Way(False, threads, s.run) for s, threads in offered])
+    log.debug("a 16-token pass: %.2f ms on oneDNN, %.2f without", 1e3 * took[0], 1e3 * took[1])
+    small_onednn, small_best = gemm(took[0], took[1])
+    small_threads = 0
+    if available > 1:
+        one = took[2] if small_onednn else took[3]
+        if one < small_best:
+            small_threads, small_best = 1, one
     log.debug("a short pass natively: %.2f ms", 1e3 * small_best)
     chosen: Shortcut | None = None
     chosen_threads = 0
     # A shortcut keeps a second copy of the weights: it wins by the margin whichever way the
     # GEMMs' margin leans.
     bar = (1 - abs(margin)) * small_best
-    for shortcut in shortcuts:
-        for threads in shortcut.threads:
-            if threads > available:
-                continue
-            took = timed([16], False, threads or available, shortcut.run)
-            log.debug("a short pass on %s, %s threads: %.2f ms", shortcut.name, threads, 1e3 * took)
-            if took < bar:
-                chosen, chosen_threads, bar = shortcut, threads, took
+    for (shortcut, threads), on_it in zip(offered, took[len(native) :], strict=True):
+        log.debug("a short pass on %s, %s threads: %.2f ms", shortcut.name, threads, 1e3 * on_it)
+        if on_it < bar:
+            chosen, chosen_threads, bar = shortcut, threads, on_it
     # Larger passes keep every thread: they split well, and a start-up that met other work on
     # the cores timed one thread faster and would have halved the throughput for good (seen
     # with bfloat16 while a test suite ran beside it).
-    large_onednn, _, large_best = pick(list(larger), try_one_thread=False)
+    on_larger = chosen is not None and chosen.larger
+    took = raced(
+        list(larger), native[:2] + ([_Way(False, 0, chosen.run)] if chosen and on_larger else [])
+    )
+    log.debug(
+        "a %d-token pass: %.2f ms on oneDNN, %.2f without",
+        sum(larger),
+        1e3 * took[0],
+        1e3 * took[1],
+    )
+    large_onednn, large_best = gemm(took[0], took[1])
     if chosen is None:
         return PassPlan(small_onednn, large_onednn, small_threads)
     large_shortcut = False
-    if chosen.larger:
-        took = timed(list(larger), False, available, chosen.run)
-        log.debug("a %d-token pass on %s: %.2f ms", sum(larger), chosen.name, 1e3 * took)
-        large_shortcut = took < (1 - abs(margin)) * large_best
+    if on_larger:
+        log.debug("a %d-token pass on %s: %.2f ms", sum(larger), chosen.name, 1e3 * took[2])
+        large_shortcut = took[2] < (1 - abs(margin)) * large_best
     return PassPlan(False, large_onednn, chosen_threads, chosen.name, large_shortcut)
+
+
+@dataclass(frozen=True)
+class _Way:
+    """One way start-up times a pass: on oneDNN or on F.linear, on `threads` intra-op threads
+    (0: all), through the encoder or `run` (a shortcut)."""
+
+    onednn: bool
+    threads: int = 0
+    run: Encoder | None = None
 
 
 # Start-up's timings are taken again when other processes kept more than this share of the

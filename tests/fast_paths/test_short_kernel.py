@@ -73,9 +73,10 @@ ARCHS = ["bert", "roberta", "distilbert", "mpnet"]
 
 
 def _cases(arch: str, offset: int) -> Iterator[tuple[list[int], tuple[Any, ...]]]:
-    """Passes of one sequence and of several, short and past a short pass's length; token types
-    only where the architecture reads them."""
-    for lengths in ([1], [16], [7, 9, 30], [63], [5] * 12, [200, 3]):
+    """Passes of one sequence and of several, short and past a short pass's length, their
+    rows ending the kernel's blocks of 8 rows on each row count from 1 to 8; token types only
+    where the architecture reads them."""
+    for lengths in ([1], [2], [13], [16], [7, 9, 30], [63], [5] * 12, [200, 3]):
         ids, types, positions, seqs = _packed(lengths, offset, seed=len(lengths))
         if arch != "bert":
             types = torch.zeros_like(types)

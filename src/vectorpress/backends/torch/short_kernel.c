@@ -96,26 +96,31 @@ static inline void finish(__m512 (*c)[3], int rows, const float *res, float *out
     }
 }
 
-static inline void start(__m512 c[ROWS][3], const float *bias, int64_t cols) {
+static inline void start(__m512 c[ROWS][3], const float *bias, int64_t cols, int rows) {
     __m512 b0 = _mm512_maskz_loadu_ps(lanes(cols), bias);
     __m512 b1 = _mm512_maskz_loadu_ps(lanes(cols - 16), bias + 16);
     __m512 b2 = _mm512_maskz_loadu_ps(lanes(cols - 32), bias + 32);
-    for (int r = 0; r < ROWS; r++) {
+    for (int r = 0; r < rows; r++) {
         c[r][0] = b0;
         c[r][1] = b1;
         c[r][2] = b2;
     }
 }
 
-/* out[rows, cols] = a[rows, k] @ panel + bias (+ res), GELU'd if asked; rows <= ROWS,
-   cols <= PANEL. Rows past `rows` repeat the last one: computed, never stored. */
-static void block(const float *a, int64_t lda, int rows, const float *panel, int64_t k,
-                  const float *bias, const float *res, float *out, int64_t ld, int64_t cols,
-                  int act) {
+/* out[rows, cols] = a[rows, k] @ panel + bias (+ res), GELU'd if asked; 1 <= rows <= ROWS,
+   cols <= PANEL. `rows` is a constant in each copy (`block` picks one), so that a block of
+   fewer rows than ROWS does only their FMAs: a 14-token query's second block has 6 rows, where
+   one of ROWS would have computed two more (an eighth of its linears' compute) and dropped
+   them. */
+static inline __attribute__((always_inline)) void block_of(const float *a, int64_t lda,
+                                                           const int rows, const float *panel,
+                                                           int64_t k, const float *bias,
+                                                           const float *res, float *out,
+                                                           int64_t ld, int64_t cols, int act) {
     __m512 c[ROWS][3];
     const float *row[ROWS];
-    start(c, bias, cols);
-    for (int r = 0; r < ROWS; r++) row[r] = a + (r < rows ? r : rows - 1) * lda;
+    start(c, bias, cols, rows);
+    for (int r = 0; r < rows; r++) row[r] = a + r * lda;
     for (int64_t i = 0; i < k; i++) {
         const float *p = panel + i * PANEL;
         __m512 w0 = _mm512_loadu_ps(p), w1 = _mm512_loadu_ps(p + 16);
@@ -123,7 +128,7 @@ static void block(const float *a, int64_t lda, int rows, const float *panel, int
         _mm_prefetch((const char *)(p + 8 * PANEL), _MM_HINT_T0);
         _mm_prefetch((const char *)(p + 8 * PANEL + 32), _MM_HINT_T0);
 #pragma GCC unroll 8
-        for (int r = 0; r < ROWS; r++) {
+        for (int r = 0; r < rows; r++) {
             __m512 v = _mm512_set1_ps(row[r][i]);
             c[r][0] = _mm512_fmadd_ps(v, w0, c[r][0]);
             c[r][1] = _mm512_fmadd_ps(v, w1, c[r][1]);
@@ -131,6 +136,27 @@ static void block(const float *a, int64_t lda, int rows, const float *panel, int
         }
     }
     finish(c, rows, res, out, ld, cols, act, 0);
+}
+
+static void block(const float *a, int64_t lda, int rows, const float *panel, int64_t k,
+                  const float *bias, const float *res, float *out, int64_t ld, int64_t cols,
+                  int act) {
+    _Static_assert(ROWS == 8, "block has a case for each row count up to 8");
+    switch (rows) {
+#define BLOCK_OF(n)                                                                          \
+    case n:                                                                                  \
+        block_of(a, lda, n, panel, k, bias, res, out, ld, cols, act);                        \
+        break;
+        BLOCK_OF(1)
+        BLOCK_OF(2)
+        BLOCK_OF(3)
+        BLOCK_OF(4)
+        BLOCK_OF(5)
+        BLOCK_OF(6)
+        BLOCK_OF(7)
+        BLOCK_OF(8)
+#undef BLOCK_OF
+    }
 }
 
 /* A call's scratch of `size` bytes (a multiple of 64): the calling thread's, kept from call to
@@ -1578,15 +1604,17 @@ VNNI static inline void int8_store(__m512i (*c)[3], int rows, const Int8Linear *
 _Static_assert(ROWS == 8, "int8_block names its sums for 8 rows");
 
 /* out[rows, cols] = the finished int8 product of u8 rows a (lda bytes apart) and one panel,
-   rows <= ROWS, cols <= PANEL, of panel `panel`; rows past `rows` repeat the last one. The 24
-   sums are named variables rather than an array: with `__m512i c[ROWS][3]`, read by the store's
-   loop over a variable row count, GCC 12 kept the array in memory and stored every sum on each
-   step of the inner loop, and the GEMM ran at half its rate (388 against 746 GOP/s on
-   all-MiniLM-L6-v2's four linear shapes at 2,048 rows, Zen 4, two threads). */
-VNNI static void int8_block(const uint8_t *a, int64_t lda, int rows, const Int8Linear *L,
-                            int64_t panel, const float *scale, float *out, int64_t ld, int act) {
+   1 <= rows <= ROWS, cols <= PANEL, of panel `panel`; `rows` a constant in each copy, as
+   `block_of`'s. The 24 sums are named variables rather than an array: with
+   `__m512i c[ROWS][3]`, read by the store's loop over a variable row count, GCC 12 kept the
+   array in memory and stored every sum on each step of the inner loop, and the GEMM ran at half
+   its rate (388 against 746 GOP/s on all-MiniLM-L6-v2's four linear shapes at 2,048 rows,
+   Zen 4, two threads). */
+VNNI static inline __attribute__((always_inline)) void int8_block_of(
+    const uint8_t *a, int64_t lda, const int rows, const Int8Linear *L, int64_t panel,
+    const float *scale, float *out, int64_t ld, int act) {
     const uint8_t *row[ROWS];
-    for (int r = 0; r < ROWS; r++) row[r] = a + (r < rows ? r : rows - 1) * lda;
+    for (int r = 0; r < ROWS; r++) row[r] = a + (r < rows ? r : 0) * lda;
     const int8_t *w = L->w + panel * L->quads * PANEL * 4;
 #define SUMS(r) __m512i c##r##0 = _mm512_setzero_si512(), c##r##1 = c##r##0, c##r##2 = c##r##0;
     SUMS(0) SUMS(1) SUMS(2) SUMS(3) SUMS(4) SUMS(5) SUMS(6) SUMS(7)
@@ -1599,7 +1627,7 @@ VNNI static void int8_block(const uint8_t *a, int64_t lda, int rows, const Int8L
         _mm_prefetch((const char *)(p + 8 * PANEL * 4 + 64), _MM_HINT_T0);
         _mm_prefetch((const char *)(p + 8 * PANEL * 4 + 128), _MM_HINT_T0);
 #define STEP(r)                                            \
-    {                                                      \
+    if (r < rows) {                                        \
         int32_t four;                                      \
         memcpy(&four, row[r] + 4 * i, 4);                  \
         __m512i v = _mm512_set1_epi32(four);               \
@@ -1613,6 +1641,25 @@ VNNI static void int8_block(const uint8_t *a, int64_t lda, int rows, const Int8L
     __m512i c[ROWS][3] = {{c00, c01, c02}, {c10, c11, c12}, {c20, c21, c22}, {c30, c31, c32},
                           {c40, c41, c42}, {c50, c51, c52}, {c60, c61, c62}, {c70, c71, c72}};
     int8_store(c, rows, L, panel, scale, out, ld, act);
+}
+
+VNNI static void int8_block(const uint8_t *a, int64_t lda, int rows, const Int8Linear *L,
+                            int64_t panel, const float *scale, float *out, int64_t ld, int act) {
+    switch (rows) {
+#define BLOCK_OF(n)                                                                          \
+    case n:                                                                                  \
+        int8_block_of(a, lda, n, L, panel, scale, out, ld, act);                             \
+        break;
+        BLOCK_OF(1)
+        BLOCK_OF(2)
+        BLOCK_OF(3)
+        BLOCK_OF(4)
+        BLOCK_OF(5)
+        BLOCK_OF(6)
+        BLOCK_OF(7)
+        BLOCK_OF(8)
+#undef BLOCK_OF
+    }
 }
 
 /* out[rows, n] = L(x[rows, k]), GELU'd where asked: rows quantized into q (rows of 4 * quads

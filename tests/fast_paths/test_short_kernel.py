@@ -238,7 +238,7 @@ def test_bfloat16_passes_give_the_bfloat16_models_hidden_states(
     spec = _spec(awkward[arch])
     backend = TorchBackend(spec, "cpu", "bfloat16")
     kernel = _kernel(backend, run_cache())
-    assert kernel.bf16 == amx
+    assert kernel.bf16 == amx and kernel.half == (not amx)
     encoder = backend.model.encoder
     for lengths, (ids, types, positions, seqs) in _cases(arch, spec.position_offset):
         with torch.inference_mode():
@@ -250,6 +250,26 @@ def test_bfloat16_passes_give_the_bfloat16_models_hidden_states(
         cos = torch.nn.functional.cosine_similarity(got, want, dim=1)
         assert float(cos.min()) > 0.999, (arch, lengths, float(cos.min()))
         assert float((got - want).abs().max()) < 0.1, (arch, lengths)
+
+
+@needs_kernel
+@needs_bf16
+@pytest.mark.parametrize("arch", ARCHS)
+def test_bfloat16_weights_read_as_bfloat16_give_their_float32_copies_sums(
+    arch: str, awkward: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without AMX a bfloat16 model's linears run on the float32 path, their weights widened as
+    # the kernel reads them: the same values as float32 copies of them, to the bit.
+    monkeypatch.setattr(short_kernel, "amx_ready", lambda lib: False)
+    spec = _spec(awkward[arch])
+    backend = TorchBackend(spec, "cpu", "bfloat16")
+    half = _kernel(backend, run_cache())
+    monkeypatch.setattr(short_kernel, "HALF_PANELS", False)
+    copies = _kernel(backend, run_cache())
+    assert half.half and not copies.half
+    for lengths, args in _cases(arch, spec.position_offset):
+        with torch.inference_mode():
+            assert torch.equal(half(*args), copies(*args)), (arch, lengths)
 
 
 @needs_kernel

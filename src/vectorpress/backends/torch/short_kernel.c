@@ -38,9 +38,10 @@ enum { PANEL = 48, ROWS = 8 };
 
 typedef struct {
     /* Weights in panels of PANEL output columns, the columns past `out` zero: float32 ones as
-       [ceil(out / PANEL)][in][PANEL]; bfloat16 ones as [ceil(out / PANEL)][pairs][PANEL][2],
-       each column's inputs in pairs (2i, 2i + 1), `in` padded with zero inputs to a multiple
-       of TILE_K. Q, K and V are one linear of 3 * hidden outputs, in that order. */
+       [ceil(out / PANEL)][in][PANEL], and so bfloat16 ones on the float32 path (`half`);
+       bfloat16 ones on AMX as [ceil(out / PANEL)][pairs][PANEL][2], each column's inputs in
+       pairs (2i, 2i + 1), `in` padded with zero inputs to a multiple of TILE_K. Q, K and V
+       are one linear of 3 * hidden outputs, in that order. */
     const void *qkv;
     const float *qkv_bias;
     const void *attn_out;
@@ -53,6 +54,11 @@ typedef struct {
     const float *norm2, *norm2_bias;
     float eps1, eps2;
 } Layer;
+
+/* 16 bfloat16 values as float32 (exactly). */
+static inline __m512 widened(__m256i h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
 
 static inline __mmask16 lanes(int64_t n) {
     return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
@@ -108,25 +114,37 @@ static inline void start(__m512 c[ROWS][3], const float *bias, int64_t cols, int
 }
 
 /* out[rows, cols] = a[rows, k] @ panel + bias (+ res), GELU'd if asked; 1 <= rows <= ROWS,
-   cols <= PANEL. `rows` is a constant in each copy (`block` picks one), so that a block of
-   fewer rows than ROWS does only their FMAs: a 14-token query's second block has 6 rows, where
-   one of ROWS would have computed two more (an eighth of its linears' compute) and dropped
-   them. */
+   cols <= PANEL; the panel's weights float32, or bfloat16 (`half`) widened as they are read
+   (the same values: the same sums as on their float32 copies, from half the bytes). `rows` and
+   `half` are constants in each copy (`block` picks one), so that a block of fewer rows than
+   ROWS does only their FMAs: a 14-token query's second block has 6 rows, where one of ROWS
+   would have computed two more (an eighth of its linears' compute) and dropped them. */
 static inline __attribute__((always_inline)) void block_of(const float *a, int64_t lda,
-                                                           const int rows, const float *panel,
-                                                           int64_t k, const float *bias,
-                                                           const float *res, float *out,
-                                                           int64_t ld, int64_t cols, int act) {
+                                                           const int rows, const void *panel,
+                                                           const int half, int64_t k,
+                                                           const float *bias, const float *res,
+                                                           float *out, int64_t ld,
+                                                           int64_t cols, int act) {
     __m512 c[ROWS][3];
     const float *row[ROWS];
     start(c, bias, cols, rows);
     for (int r = 0; r < rows; r++) row[r] = a + r * lda;
     for (int64_t i = 0; i < k; i++) {
-        const float *p = panel + i * PANEL;
-        __m512 w0 = _mm512_loadu_ps(p), w1 = _mm512_loadu_ps(p + 16);
-        __m512 w2 = _mm512_loadu_ps(p + 32);
-        _mm_prefetch((const char *)(p + 8 * PANEL), _MM_HINT_T0);
-        _mm_prefetch((const char *)(p + 8 * PANEL + 32), _MM_HINT_T0);
+        __m512 w0, w1, w2;
+        if (half) {
+            const uint16_t *p = (const uint16_t *)panel + i * PANEL;
+            w0 = widened(_mm256_loadu_si256((const __m256i *)p));
+            w1 = widened(_mm256_loadu_si256((const __m256i *)(p + 16)));
+            w2 = widened(_mm256_loadu_si256((const __m256i *)(p + 32)));
+            /* A step's 96 bytes span two cache lines whatever their offset. */
+            _mm_prefetch((const char *)(p + 8 * PANEL), _MM_HINT_T0);
+            _mm_prefetch((const char *)(p + 8 * PANEL + 32), _MM_HINT_T0);
+        } else {
+            const float *p = (const float *)panel + i * PANEL;
+            w0 = _mm512_loadu_ps(p), w1 = _mm512_loadu_ps(p + 16), w2 = _mm512_loadu_ps(p + 32);
+            _mm_prefetch((const char *)(p + 8 * PANEL), _MM_HINT_T0);
+            _mm_prefetch((const char *)(p + 8 * PANEL + 32), _MM_HINT_T0);
+        }
 #pragma GCC unroll 8
         for (int r = 0; r < rows; r++) {
             __m512 v = _mm512_set1_ps(row[r][i]);
@@ -138,14 +156,17 @@ static inline __attribute__((always_inline)) void block_of(const float *a, int64
     finish(c, rows, res, out, ld, cols, act, 0);
 }
 
-static void block(const float *a, int64_t lda, int rows, const float *panel, int64_t k,
-                  const float *bias, const float *res, float *out, int64_t ld, int64_t cols,
-                  int act) {
+static void block(const float *a, int64_t lda, int rows, const void *panel, int half,
+                  int64_t k, const float *bias, const float *res, float *out, int64_t ld,
+                  int64_t cols, int act) {
     _Static_assert(ROWS == 8, "block has a case for each row count up to 8");
     switch (rows) {
 #define BLOCK_OF(n)                                                                          \
     case n:                                                                                  \
-        block_of(a, lda, n, panel, k, bias, res, out, ld, cols, act);                        \
+        if (half)                                                                            \
+            block_of(a, lda, n, panel, 1, k, bias, res, out, ld, cols, act);                 \
+        else                                                                                 \
+            block_of(a, lda, n, panel, 0, k, bias, res, out, ld, cols, act);                 \
         break;
         BLOCK_OF(1)
         BLOCK_OF(2)
@@ -220,11 +241,6 @@ static int64_t *laid_out(const int32_t *cu, int64_t seqs, int64_t block, int64_t
         if (keys > *longest) *longest = keys;
     }
     return at;
-}
-
-/* 16 bfloat16 values as float32 (exactly). */
-static inline __m512 widened(__m256i h) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
 static inline __m512 widen(const uint16_t *p, __mmask16 m) {
@@ -850,9 +866,10 @@ static void to_bf16(const float *a, int64_t rows, int64_t k, uint16_t *out, int6
 #endif
 
 /* A linear layer over every row, its panels shared out among the team; with bfloat16 weights
-   (`abf`, room for the inputs in bfloat16), its inputs rounded to bfloat16 first. */
+   on AMX (`abf`, room for the inputs in bfloat16), its inputs rounded to bfloat16 first; with
+   bfloat16 weights on the float32 path (`half`), the float32 inputs as they are. */
 static void linear(const float *a, int64_t rows, int64_t k, const void *w, const float *bias,
-                   int64_t n, const float *res, float *out, int act, uint16_t *abf) {
+                   int64_t n, const float *res, float *out, int act, uint16_t *abf, int half) {
     int64_t panels = (n + PANEL - 1) / PANEL;
     int64_t width = (k + TILE_K - 1) / TILE_K * TILE_K, step = abf ? TILE_ROWS : ROWS;
     if (abf) to_bf16(a, rows, k, abf, width);
@@ -867,8 +884,10 @@ static void linear(const float *a, int64_t rows, int64_t k, const void *w, const
                 block_amx(abf + r * width, width, n_rows, (const uint16_t *)w + p * width * PANEL,
                           bias + p * PANEL, add, o, n, cols, act);
             else
-                block(a + r * k, k, n_rows, (const float *)w + p * k * PANEL, k, bias + p * PANEL,
-                      add, o, n, cols, act);
+                block(a + r * k, k, n_rows,
+                      half ? (const void *)((const uint16_t *)w + p * k * PANEL)
+                           : (const void *)((const float *)w + p * k * PANEL),
+                      half, k, bias + p * PANEL, add, o, n, cols, act);
         }
     }
 }
@@ -1519,13 +1538,14 @@ int vp_embed_norm(const float *const *tables, const int64_t *const *ids, const i
 
 /* Runs `n_layers` layers over x[rows, hidden] in place, every layer adding `bias` (or NULL, see
    attention; `span` at least the longest sequence) to its scores; the layers' weights are
-   bfloat16 ones, on AMX, where `bf16` is set (`vp_amx_ready` first). `scratch` holds
-   rows * (5 * hidden + inner) floats, and for bfloat16 weights room for a multiple of 16 rows
+   bfloat16 ones, on AMX, where `bf16` is set (`vp_amx_ready` first), bfloat16 ones on the
+   float32 path where `half` is (the work of their float32 copies), else float32. `scratch`
+   holds rows * (5 * hidden + inner) floats, and for bfloat16 weights room for a multiple of 16 rows
    of max(hidden, inner), rounded up to a multiple of 32, bfloat16 values after them. */
 void vp_post_norm_encoder(const Layer *layers, int64_t n_layers, float *x, int64_t rows,
                           int64_t hidden, int64_t inner, int64_t heads, const int32_t *cu,
                           int64_t seqs, const float *bias, int64_t span, float *scratch,
-                          int threads, int bf16) {
+                          int threads, int bf16, int half) {
     float *qkv = scratch, *ctx = qkv + rows * 3 * hidden, *sum = ctx + rows * hidden;
     float *inner_out = sum + rows * hidden;
     uint16_t *abf = bf16 ? (uint16_t *)(inner_out + rows * inner) : 0;
@@ -1534,12 +1554,13 @@ void vp_post_norm_encoder(const Layer *layers, int64_t n_layers, float *x, int64
         if (bf16) tiles_on();
         for (int64_t l = 0; l < n_layers; l++) {
             const Layer *L = layers + l;
-            linear(x, rows, hidden, L->qkv, L->qkv_bias, 3 * hidden, 0, qkv, 0, abf);
+            linear(x, rows, hidden, L->qkv, L->qkv_bias, 3 * hidden, 0, qkv, 0, abf, half);
             attention(qkv, cu, seqs, hidden, heads, bias, span, ctx, bf16);
-            linear(ctx, rows, hidden, L->attn_out, L->attn_out_bias, hidden, x, sum, 0, abf);
+            linear(ctx, rows, hidden, L->attn_out, L->attn_out_bias, hidden, x, sum, 0, abf, half);
             layer_norm(sum, rows, hidden, L->norm1, L->norm1_bias, L->eps1, x, bf16);
-            linear(x, rows, hidden, L->ffn_in, L->ffn_in_bias, inner, 0, inner_out, 1, abf);
-            linear(inner_out, rows, inner, L->ffn_out, L->ffn_out_bias, hidden, x, sum, 0, abf);
+            linear(x, rows, hidden, L->ffn_in, L->ffn_in_bias, inner, 0, inner_out, 1, abf, half);
+            linear(inner_out, rows, inner, L->ffn_out, L->ffn_out_bias, hidden, x, sum, 0, abf,
+                   half);
             layer_norm(sum, rows, hidden, L->norm2, L->norm2_bias, L->eps2, x, bf16);
         }
         if (bf16) tiles_off();

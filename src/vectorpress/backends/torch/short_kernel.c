@@ -156,6 +156,9 @@ static inline __attribute__((always_inline)) void block_of(const float *a, int64
     finish(c, rows, res, out, ld, cols, act, 0);
 }
 
+/* CASE(n) for each row count a block can have, 1 to ROWS. */
+#define EACH_ROW_COUNT(CASE) CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+
 static void block(const float *a, int64_t lda, int rows, const void *panel, int half,
                   int64_t k, const float *bias, const float *res, float *out, int64_t ld,
                   int64_t cols, int act) {
@@ -168,14 +171,7 @@ static void block(const float *a, int64_t lda, int rows, const void *panel, int 
         else                                                                                 \
             block_of(a, lda, n, panel, 0, k, bias, res, out, ld, cols, act);                 \
         break;
-        BLOCK_OF(1)
-        BLOCK_OF(2)
-        BLOCK_OF(3)
-        BLOCK_OF(4)
-        BLOCK_OF(5)
-        BLOCK_OF(6)
-        BLOCK_OF(7)
-        BLOCK_OF(8)
+        EACH_ROW_COUNT(BLOCK_OF)
 #undef BLOCK_OF
     }
 }
@@ -1671,14 +1667,7 @@ VNNI static void int8_block(const uint8_t *a, int64_t lda, int rows, const Int8L
     case n:                                                                                  \
         int8_block_of(a, lda, n, L, panel, scale, out, ld, act);                             \
         break;
-        BLOCK_OF(1)
-        BLOCK_OF(2)
-        BLOCK_OF(3)
-        BLOCK_OF(4)
-        BLOCK_OF(5)
-        BLOCK_OF(6)
-        BLOCK_OF(7)
-        BLOCK_OF(8)
+        EACH_ROW_COUNT(BLOCK_OF)
 #undef BLOCK_OF
     }
 }

@@ -350,7 +350,9 @@ class ShortKernel:
             entry.eps1, entry.eps2 = norm1.eps, norm2.eps
         self.table = table
         self.n_layers = len(layers)
-        self.embedding = _Embedding(lib, encoder.embedding_sum()) if not self.bf16 else None
+        # A bfloat16 model's embeddings stay with its module (they round as it rounds).
+        embedding = _Embedding(lib, encoder.embedding_sum())
+        self.embedding = embedding if embedding.usable else None
 
     def __call__(
         self,
@@ -388,8 +390,8 @@ class ShortKernel:
 
 class _Embedding:
     """A float32 model's embeddings on the kernel's `vp_embed_norm` (the same sums, the
-    LayerNorm as the kernel's layers run theirs), or None from a call where the model's
-    tables are not float32 or an id is outside its table: the model's module then runs them
+    LayerNorm as the kernel's layers run theirs) where `usable` (float32 tables and norm), or
+    None from a call where an id is outside its table: the model's module then runs them
     (and says what is wrong)."""
 
     def __init__(self, lib: ctypes.CDLL, parts: EmbeddingSum) -> None:
@@ -410,8 +412,6 @@ class _Embedding:
         self.norm = norm
 
     def __call__(self, ids: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
-        if not self.usable:
-            return None
         rows = ids[0].shape[0]
         read = [ids[i].to(torch.int64).contiguous() if i is not None else None for i in self.inputs]
         pointers = (ctypes.c_void_p * len(read))(

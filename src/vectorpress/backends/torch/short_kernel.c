@@ -118,15 +118,21 @@ static inline void start(__m512 c[ROWS][3], const float *bias, int64_t cols, int
    (the same values: the same sums as on their float32 copies, from half the bytes). `rows` and
    `half` are constants in each copy (`block` picks one), so that a block of fewer rows than
    ROWS does only their FMAs: a 14-token query's second block has 6 rows, where one of ROWS
-   would have computed two more (an eighth of its linears' compute) and dropped them. */
+   would have computed two more (an eighth of its linears' compute) and dropped them.
+   With `ahead` (a constant too; float32 weights), the block also asks for steps [q, q_end) of
+   the `next` panel to be brought into L2, spread evenly over its own steps (linear says why). */
 static inline __attribute__((always_inline)) void block_of(const float *a, int64_t lda,
                                                            const int rows, const void *panel,
                                                            const int half, int64_t k,
                                                            const float *bias, const float *res,
                                                            float *out, int64_t ld,
-                                                           int64_t cols, int act) {
+                                                           int64_t cols, int act,
+                                                           const int ahead, const void *next,
+                                                           int64_t q, int64_t q_end) {
     __m512 c[ROWS][3];
     const float *row[ROWS];
+    const int64_t asked = ahead ? q_end - q : 0;
+    int64_t due = 0;
     start(c, bias, cols, rows);
     for (int r = 0; r < rows; r++) row[r] = a + r * lda;
     for (int64_t i = 0; i < k; i++) {
@@ -144,6 +150,13 @@ static inline __attribute__((always_inline)) void block_of(const float *a, int64
             w0 = _mm512_loadu_ps(p), w1 = _mm512_loadu_ps(p + 16), w2 = _mm512_loadu_ps(p + 32);
             _mm_prefetch((const char *)(p + 8 * PANEL), _MM_HINT_T0);
             _mm_prefetch((const char *)(p + 8 * PANEL + 32), _MM_HINT_T0);
+            /* A step's 192 bytes: three cache lines, the panels being 64-byte aligned. */
+            for (due += asked; ahead && due >= k; due -= k, q++) {
+                const float *n = (const float *)next + q * PANEL;
+                _mm_prefetch((const char *)n, _MM_HINT_T1);
+                _mm_prefetch((const char *)(n + 16), _MM_HINT_T1);
+                _mm_prefetch((const char *)(n + 32), _MM_HINT_T1);
+            }
         }
 #pragma GCC unroll 8
         for (int r = 0; r < rows; r++) {
@@ -161,15 +174,17 @@ static inline __attribute__((always_inline)) void block_of(const float *a, int64
 
 static void block(const float *a, int64_t lda, int rows, const void *panel, int half,
                   int64_t k, const float *bias, const float *res, float *out, int64_t ld,
-                  int64_t cols, int act) {
+                  int64_t cols, int act, const void *next, int64_t q, int64_t q_end) {
     _Static_assert(ROWS == 8, "block has a case for each row count up to 8");
     switch (rows) {
 #define BLOCK_OF(n)                                                                          \
     case n:                                                                                  \
         if (half)                                                                            \
-            block_of(a, lda, n, panel, 1, k, bias, res, out, ld, cols, act);                 \
+            block_of(a, lda, n, panel, 1, k, bias, res, out, ld, cols, act, 0, 0, 0, 0);     \
+        else if (next)                                                                       \
+            block_of(a, lda, n, panel, 0, k, bias, res, out, ld, cols, act, 1, next, q, q_end); \
         else                                                                                 \
-            block_of(a, lda, n, panel, 0, k, bias, res, out, ld, cols, act);                 \
+            block_of(a, lda, n, panel, 0, k, bias, res, out, ld, cols, act, 0, 0, 0, 0);     \
         break;
         EACH_ROW_COUNT(BLOCK_OF)
 #undef BLOCK_OF
@@ -861,17 +876,48 @@ static void to_bf16(const float *a, int64_t rows, int64_t k, uint16_t *out, int6
 
 #endif
 
+/* The first of `count` panels that thread `t` of `threads` runs, as OpenMP's static schedule
+   shares them out (contiguous runs, the first count % threads one longer). */
+static int64_t first_panel(int64_t count, int t, int threads) {
+    int64_t each = count / threads, extra = count % threads;
+    return t < extra ? (each + 1) * t : each * t + extra;
+}
+
 /* A linear layer over every row, its panels shared out among the team; with bfloat16 weights
    on AMX (`abf`, room for the inputs in bfloat16), its inputs rounded to bfloat16 first; with
-   bfloat16 weights on the float32 path (`half`), the float32 inputs as they are. */
+   bfloat16 weights on the float32 path (`half`), the float32 inputs as they are. `then` (or
+   NULL): the weights of the linear the layer runs next, `then_k` inputs by `then_n` outputs.
+
+   A pass of more rows than a block runs each panel in several blocks, and only the first found
+   the panel in memory: it waited on the read while the later ones, the panel in L2, left the
+   memory idle. So each block of such a pass asks for a share of the thread's next panel in
+   proportion to its rows, or of the next linear's first at its last: the reads run while the
+   panel before computes. Float32 weights only: a pass of one block is bound by the read itself
+   (asking ahead slowed a 2-token pass by a quarter), and bfloat16 ones (`half`), half the bytes
+   per step, ran 1-3% slower with it. docs/performance.md has the figures. */
 static void linear(const float *a, int64_t rows, int64_t k, const void *w, const float *bias,
-                   int64_t n, const float *res, float *out, int act, uint16_t *abf, int half) {
+                   int64_t n, const float *res, float *out, int act, uint16_t *abf, int half,
+                   const void *then, int64_t then_k, int64_t then_n) {
     int64_t panels = (n + PANEL - 1) / PANEL;
     int64_t width = (k + TILE_K - 1) / TILE_K * TILE_K, step = abf ? TILE_ROWS : ROWS;
+    int threads = omp_get_num_threads(), t = omp_get_thread_num();
+    int64_t mine = first_panel(panels, t, threads), last = first_panel(panels, t + 1, threads);
+    int ahead = !abf && !half && rows > ROWS;
     if (abf) to_bf16(a, rows, k, abf, width);
-#pragma omp for schedule(static)
-    for (int64_t p = 0; p < panels; p++) {
+    for (int64_t p = mine; p < last; p++) {
         int64_t cols = n - p * PANEL < PANEL ? n - p * PANEL : PANEL;
+        const float *next = 0;
+        int64_t next_k = k;
+        if (ahead && p + 1 < last) {
+            next = (const float *)w + (p + 1) * k * PANEL;
+        } else if (ahead && then) {
+            int64_t then_panels = (then_n + PANEL - 1) / PANEL;
+            int64_t first = first_panel(then_panels, t, threads);
+            if (first < first_panel(then_panels, t + 1, threads)) {
+                next = (const float *)then + first * then_k * PANEL;
+                next_k = then_k;
+            }
+        }
         for (int64_t r = 0; r < rows; r += step) {
             int n_rows = rows - r < step ? (int)(rows - r) : (int)step;
             const float *add = res ? res + r * n + p * PANEL : 0;
@@ -883,9 +929,11 @@ static void linear(const float *a, int64_t rows, int64_t k, const void *w, const
                 block(a + r * k, k, n_rows,
                       half ? (const void *)((const uint16_t *)w + p * k * PANEL)
                            : (const void *)((const float *)w + p * k * PANEL),
-                      half, k, bias + p * PANEL, add, o, n, cols, act);
+                      half, k, bias + p * PANEL, add, o, n, cols, act, next,
+                      next_k * r / rows, next_k * (r + n_rows) / rows);
         }
     }
+#pragma omp barrier
 }
 
 /* Softmax attention of each sequence's tokens to each other, one (sequence, head) per task: the
@@ -1550,13 +1598,17 @@ void vp_post_norm_encoder(const Layer *layers, int64_t n_layers, float *x, int64
         if (bf16) tiles_on();
         for (int64_t l = 0; l < n_layers; l++) {
             const Layer *L = layers + l;
-            linear(x, rows, hidden, L->qkv, L->qkv_bias, 3 * hidden, 0, qkv, 0, abf, half);
+            const void *then = l + 1 < n_layers ? L[1].qkv : 0;
+            linear(x, rows, hidden, L->qkv, L->qkv_bias, 3 * hidden, 0, qkv, 0, abf, half,
+                   L->attn_out, hidden, hidden);
             attention(qkv, cu, seqs, hidden, heads, bias, span, ctx, bf16);
-            linear(ctx, rows, hidden, L->attn_out, L->attn_out_bias, hidden, x, sum, 0, abf, half);
+            linear(ctx, rows, hidden, L->attn_out, L->attn_out_bias, hidden, x, sum, 0, abf, half,
+                   L->ffn_in, hidden, inner);
             layer_norm(sum, rows, hidden, L->norm1, L->norm1_bias, L->eps1, x, bf16);
-            linear(x, rows, hidden, L->ffn_in, L->ffn_in_bias, inner, 0, inner_out, 1, abf, half);
+            linear(x, rows, hidden, L->ffn_in, L->ffn_in_bias, inner, 0, inner_out, 1, abf, half,
+                   L->ffn_out, inner, hidden);
             linear(inner_out, rows, inner, L->ffn_out, L->ffn_out_bias, hidden, x, sum, 0, abf,
-                   half);
+                   half, then, hidden, 3 * hidden);
             layer_norm(sum, rows, hidden, L->norm2, L->norm2_bias, L->eps2, x, bf16);
         }
         if (bf16) tiles_off();

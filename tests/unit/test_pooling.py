@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vectorpress.backends.common import pooling
 from vectorpress.backends.common.pooling import pool
 from vectorpress.backends.common.sequences import PackedSequences
 
@@ -45,6 +46,22 @@ def test_a_sequence_pools_to_the_same_bits_alone_and_in_a_batch() -> None:
     for i, part in enumerate(_slices(hidden, LENGTHS)):
         _, alone = _packed([LENGTHS[i]])
         assert torch.equal(pool(part.clone(), alone, "mean")[0], together[i])
+
+
+@pytest.mark.parametrize("which", [None, [2, 0]])
+def test_a_short_pass_pools_on_numpy_to_the_bits_of_the_torch_sums(
+    which: list[int] | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lengths = [7, 1, 16]
+    hidden, seqs = _packed(lengths)
+    hidden[:, 3] = -0.0  # a column of negative zeros: index_add_'s sums start from +0.0
+    hidden[:7, 5] = torch.tensor([1e8, 1.0, -1e8, 3.0, 0.5, -2.0, 1e-8])  # order shows
+    assert seqs.total <= pooling.NUMPY_MEAN_ROWS
+    short = pool(hidden, seqs, "mean", which)
+    monkeypatch.setattr(pooling, "NUMPY_MEAN_ROWS", 0)
+    full = pool(hidden, seqs, "mean", which if which is None else list(range(len(lengths))))
+    want = full if which is None else full[which]
+    assert torch.equal(short.view(torch.int32), want.view(torch.int32))
 
 
 def test_an_unknown_method_is_refused() -> None:

@@ -11,6 +11,11 @@ import torch
 
 from vectorpress.backends.common.sequences import PackedSequences
 
+# Up to this many rows (a short pass's), mean pooling runs on numpy: torch's calls right after
+# a pass has streamed the weights through the caches cost about 0.1 ms more there
+# (all-MiniLM-L6-v2's one-query embed in-process, docs/performance.md).
+NUMPY_MEAN_ROWS = 64
+
 
 class VocabHead(Protocol):
     """A masked-LM head in the two parts SPLADE pooling takes (the torch backend's MLMHead)."""
@@ -42,6 +47,13 @@ def pool(
         ]
         return hidden[_index(rows, hidden.device)]
     if method == "mean":
+        if (
+            hidden.device.type == "cpu"
+            and hidden.dtype == torch.float32
+            and seqs.total <= NUMPY_MEAN_ROWS
+            and all(seqs.lengths[i] for i in which)
+        ):
+            return torch.from_numpy(_mean_rows(hidden.detach().numpy(), seqs, which))
         if len(which) == seqs.size:
             sums = torch.zeros(
                 seqs.size, hidden.shape[1], dtype=torch.float32, device=hidden.device
@@ -57,6 +69,19 @@ def pool(
         lengths = np.asarray([seqs.lengths[i] for i in which], dtype=np.float32)
         return sums.div_(_tensor(lengths, hidden.device).unsqueeze(1)).to(hidden.dtype)
     raise ValueError(f"unknown pooling {method}")
+
+
+def _mean_rows(hidden: np.ndarray, seqs: PackedSequences, which: list[int]) -> np.ndarray:
+    """The mean of each sequence in `which`, its rows added one after another in float32 as
+    `index_add_` adds them (the same bits), in one numpy call a sequence."""
+    out = np.empty((len(which), hidden.shape[1]), dtype=np.float32)
+    for row, i in enumerate(which):
+        rows = hidden[seqs.starts[i] : seqs.starts[i] + seqs.lengths[i]]
+        # accumulate's running sums are the in-order ones; adding +0.0 turns a sum of -0.0s
+        # into the +0.0 that index_add_ gets by starting from zeros.
+        np.add(np.add.accumulate(rows, axis=0)[-1], np.float32(0.0), out=out[row])
+    out /= np.asarray([seqs.lengths[i] for i in which], dtype=np.float32)[:, None]
+    return out
 
 
 def _tensor(values: np.ndarray, device: torch.device) -> torch.Tensor:

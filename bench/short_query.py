@@ -7,12 +7,13 @@
 
 `servers` starts one server per `NAME=TREE[:VAR=VALUE,...]` (TREE is a source tree whose `src/`
 goes first on PYTHONPATH; the variables go into that server's environment, `ARGS=...` onto its
-command line, words separated by '+'), then sends bench/run.py's short query to each in turn, one
-request at a time on one kept-alive connection (bench/client.py's blocking client, as bench/run.py
-times it), `--requests` per server per round, rounds alternating between the servers so that
-each sees the same machine. Per round and over all rounds: HTTP p50 and mean, the server's own
-mean inference time (`te_request_inference_duration`, from /metrics around the round), and the
-overhead, HTTP minus that inference time (mean and p50).
+command line, words separated by '+'), then sends bench/run.py's short query (or `--text`: the
+kernels' speed moves with the token count) to each in turn, one request at a time on one
+kept-alive connection (bench/client.py's blocking client, as bench/run.py times it), `--requests`
+per server per round, rounds alternating between the servers so that each sees the same machine.
+Per round and over all rounds: HTTP p50 and mean, the server's own mean inference time
+(`te_request_inference_duration`, from /metrics around the round), and the overhead, HTTP minus
+that inference time (mean and p50).
 
 `kernels` times, in-process, the 24 GEMMs of all-MiniLM-L6-v2's pass of the query (one row per
 token, 16) on each linear kernel torch offers (oneDNN on weights reordered once, F.linear on
@@ -103,8 +104,7 @@ class _Server:
         wait_healthy(self.name, self.url, self.proc, str(self.log), timeout, poll=0.1)
         return time.perf_counter() - self.started
 
-    def round(self, requests: int) -> tuple[list[float], float]:
-        raw = _QUERY
+    def round(self, requests: int, raw: bytes = _QUERY) -> tuple[list[float], float]:
         connection = BlockingConnection(self.url)
         try:
             for _ in range(10):
@@ -141,8 +141,9 @@ def _line(name: str, lat: list[float], inference: float) -> str:
     )
 
 
-def servers(specs: list[str], rounds: int, requests: int) -> None:
+def servers(specs: list[str], rounds: int, requests: int, text: str = SHORT_QUERY) -> None:
     model = packaged_model()
+    raw = json.dumps({"inputs": [text]}).encode()
     started: list[_Server] = []
     try:
         # One after another: a torch server times its kernels at start-up (`plan_passes`), and
@@ -153,7 +154,7 @@ def servers(specs: list[str], rounds: int, requests: int) -> None:
             print(f"{started[-1].name}: ready after {started[-1].wait():.1f} s", flush=True)
         for r in range(rounds):
             for server in started:
-                lat, inference = server.round(requests)
+                lat, inference = server.round(requests, raw)
                 print(_line(f"round {r} {server.name}", lat, inference), flush=True)
         print("all rounds:")
         for server in started:
@@ -470,6 +471,9 @@ def main() -> None:
     srv.add_argument("specs", nargs="+", help="NAME=TREE[:VAR=VALUE,...]")
     srv.add_argument("--rounds", type=int, default=4)
     srv.add_argument("--requests", type=int, default=100)
+    srv.add_argument(
+        "--text", default=SHORT_QUERY, help="the query (default bench/run.py's, 16 tokens)"
+    )
     ker = sub.add_parser("kernels", help="the short query's GEMMs on each torch kernel")
     ker.add_argument("--rounds", type=int, default=40)
     flo = sub.add_parser("floors", help="the short query against what bounds it from below")
@@ -483,7 +487,7 @@ def main() -> None:
     ech.add_argument("--read-mib", type=int, default=0)
     args = ap.parse_args()
     if args.what == "servers":
-        servers(args.specs, args.rounds, args.requests)
+        servers(args.specs, args.rounds, args.requests, args.text)
     elif args.what == "kernels":
         kernels(args.rounds)
     elif args.what == "floors":

@@ -48,6 +48,16 @@ def test_a_sequence_pools_to_the_same_bits_alone_and_in_a_batch() -> None:
         assert torch.equal(pool(part.clone(), alone, "mean")[0], together[i])
 
 
+@pytest.mark.parametrize("lengths", [LENGTHS, [300, 120, 7, 41], [3, 9, 2]])
+def test_a_sequence_pools_to_the_same_bits_whether_or_not_its_batch_pools_every_entry(
+    lengths: list[int],
+) -> None:
+    hidden, seqs = _packed(lengths)
+    everyone = pool(hidden, seqs, "mean")
+    some = [len(lengths) - 1, 0]
+    assert torch.equal(pool(hidden, seqs, "mean", some), everyone[some])
+
+
 @pytest.mark.parametrize("which", [None, [2, 0]])
 def test_a_short_pass_pools_on_numpy_to_the_bits_of_the_torch_sums(
     which: list[int] | None, monkeypatch: pytest.MonkeyPatch

@@ -54,17 +54,19 @@ def pool(
             and all(seqs.lengths[i] for i in which)
         ):
             return torch.from_numpy(_mean_rows(hidden.detach().numpy(), seqs, which))
+        sums = torch.zeros(len(which), hidden.shape[1], dtype=torch.float32, device=hidden.device)
         if len(which) == seqs.size:
-            sums = torch.zeros(
-                seqs.size, hidden.shape[1], dtype=torch.float32, device=hidden.device
-            )
             sums.index_add_(0, seqs.segment_ids(), hidden.float())
         else:
-            sums = torch.stack(
-                [
-                    hidden[seqs.starts[i] : seqs.starts[i] + seqs.lengths[i]].float().sum(0)
-                    for i in which
-                ]
+            # The chosen sequences' rows alone, added in the same order: a text's vector is the
+            # same whether or not its batch holds entries that want no pooling.
+            counts = [seqs.lengths[i] for i in which]
+            rows = np.concatenate(
+                [np.arange(seqs.starts[i], seqs.starts[i] + seqs.lengths[i]) for i in which]
+            )
+            into = np.repeat(np.arange(len(which)), counts)
+            sums.index_add_(
+                0, _tensor(into, hidden.device), hidden[_tensor(rows, hidden.device)].float()
             )
         lengths = np.asarray([seqs.lengths[i] for i in which], dtype=np.float32)
         return sums.div_(_tensor(lengths, hidden.device).unsqueeze(1)).to(hidden.dtype)

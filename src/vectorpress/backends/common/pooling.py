@@ -61,12 +61,12 @@ def pool(
             # The chosen sequences' rows alone, added in the same order: a text's vector is the
             # same whether or not its batch holds entries that want no pooling.
             counts = [seqs.lengths[i] for i in which]
-            rows = np.concatenate(
+            members = np.concatenate(
                 [np.arange(seqs.starts[i], seqs.starts[i] + seqs.lengths[i]) for i in which]
             )
             into = np.repeat(np.arange(len(which)), counts)
             sums.index_add_(
-                0, _tensor(into, hidden.device), hidden[_tensor(rows, hidden.device)].float()
+                0, _tensor(into, hidden.device), hidden[_tensor(members, hidden.device)].float()
             )
         lengths = np.asarray([seqs.lengths[i] for i in which], dtype=np.float32)
         return sums.div_(_tensor(lengths, hidden.device).unsqueeze(1)).to(hidden.dtype)

@@ -54,20 +54,12 @@ def pool(
             and all(seqs.lengths[i] for i in which)
         ):
             return torch.from_numpy(_mean_rows(hidden.detach().numpy(), seqs, which))
-        sums = torch.zeros(len(which), hidden.shape[1], dtype=torch.float32, device=hidden.device)
-        if len(which) == seqs.size:
-            sums.index_add_(0, seqs.segment_ids(), hidden.float())
-        else:
-            # The chosen sequences' rows alone, added in the same order: a text's vector is the
-            # same whether or not its batch holds entries that want no pooling.
-            counts = [seqs.lengths[i] for i in which]
-            members = np.concatenate(
-                [np.arange(seqs.starts[i], seqs.starts[i] + seqs.lengths[i]) for i in which]
-            )
-            into = np.repeat(np.arange(len(which)), counts)
-            sums.index_add_(
-                0, _tensor(into, hidden.device), hidden[_tensor(members, hidden.device)].float()
-            )
+        # Every sequence summed, the chosen ones kept: a text's vector is the same bits whether
+        # or not its batch holds entries that want no pooling.
+        sums = torch.zeros(seqs.size, hidden.shape[1], dtype=torch.float32, device=hidden.device)
+        sums.index_add_(0, seqs.segment_ids(), hidden.float())
+        if len(which) != seqs.size:
+            sums = sums[_index(which, hidden.device)]
         lengths = np.asarray([seqs.lengths[i] for i in which], dtype=np.float32)
         return sums.div_(_tensor(lengths, hidden.device).unsqueeze(1)).to(hidden.dtype)
     raise ValueError(f"unknown pooling {method}")

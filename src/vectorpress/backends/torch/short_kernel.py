@@ -15,7 +15,7 @@ MKL's 2.0 with their weights in the caches, and 3.7 on oneDNN with every layer's
 
 It is compiled once with the system's C compiler (`$CC`, else `cc`) into the build cache and
 loaded from there after; where there is no compiler, no AVX-512 or no glibc vector math
-(libmvec's erf), short passes keep their other paths. Post-LayerNorm layers with erf GELU (BERT,
+(libmvec's exp), short passes keep their other paths. Post-LayerNorm layers with erf GELU (BERT,
 RoBERTa, XLM-R, DistilBERT; MPNet with its relative position bias): the bundled model and most
 sentence encoders.
 

@@ -88,20 +88,30 @@ def _cases(arch: str, offset: int) -> Iterator[tuple[list[int], tuple[Any, ...]]
 @pytest.fixture(scope="module")
 def awkward(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Tiny random BERT, RoBERTa, DistilBERT and MPNet checkpoints whose widths fill no vector
-    and no panel whole: 40 wide in 5 heads of 8, 37 inner, 3 layers."""
+    and no panel whole: 40 wide in 5 heads of 8, 37 inner, 3 layers; and a BERT and an MPNet 48
+    wide in 3 heads of 16."""
     import transformers as tf
 
     sizes = dict(vocab_size=30522, max_position_embeddings=514)
-    bert = dict(hidden_size=40, num_hidden_layers=3, num_attention_heads=5, intermediate_size=37)
+    bert = dict(num_hidden_layers=3, intermediate_size=37)
+    heads_of_8 = dict(hidden_size=40, num_attention_heads=5)
+    heads_of_16 = dict(hidden_size=48, num_attention_heads=3)
     models = {
-        "bert": lambda: tf.BertModel(tf.BertConfig(**sizes, **bert)),
+        "bert": lambda: tf.BertModel(tf.BertConfig(**sizes, **bert, **heads_of_8)),
         "roberta": lambda: tf.RobertaModel(
-            tf.RobertaConfig(pad_token_id=1, type_vocab_size=1, **sizes, **bert)
+            tf.RobertaConfig(pad_token_id=1, type_vocab_size=1, **sizes, **bert, **heads_of_8)
         ),
         "distilbert": lambda: tf.DistilBertModel(
             tf.DistilBertConfig(dim=40, n_layers=3, n_heads=5, hidden_dim=37, **sizes)
         ),
-        "mpnet": lambda: tf.MPNetModel(tf.MPNetConfig(pad_token_id=1, **sizes, **bert)),
+        "mpnet": lambda: tf.MPNetModel(
+            tf.MPNetConfig(pad_token_id=1, **sizes, **bert, **heads_of_8)
+        ),
+        # Heads of 16, which the kernel attends as longer passes do (`attend_heads`).
+        "bert-16": lambda: tf.BertModel(tf.BertConfig(**sizes, **bert, **heads_of_16)),
+        "mpnet-16": lambda: tf.MPNetModel(
+            tf.MPNetConfig(pad_token_id=1, **sizes, **bert, **heads_of_16)
+        ),
     }
     out = {}
     for arch, build in models.items():
@@ -145,26 +155,27 @@ def test_the_kernels_gelu_keeps_to_erf_closer_than_torchs_own() -> None:
 
 
 @needs_kernel
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", [*ARCHS, "bert-16", "mpnet-16"])
 def test_the_kernel_gives_transformers_hidden_states(arch: str, awkward: dict[str, Path]) -> None:
     import transformers as tf
 
     folder = awkward[arch]
+    family = arch.split("-")[0]
     spec = _spec(folder)
     kernel = _kernel(TorchBackend(spec, "cpu", "float32"), run_cache())
     reference = tf.AutoModel.from_pretrained(folder).eval()
-    for lengths, (ids, types, positions, seqs) in _cases(arch, spec.position_offset):
+    for lengths, (ids, types, positions, seqs) in _cases(family, spec.position_offset):
         with torch.inference_mode():
             got = kernel(ids, types, positions, seqs)
             for i, n in enumerate(lengths):
                 rows = slice(int(seqs.cu_seqlens[i]), int(seqs.cu_seqlens[i + 1]))
                 inputs = {"input_ids": ids[rows][None], "position_ids": positions[rows][None]}
-                if arch in ("bert", "roberta"):
+                if family in ("bert", "roberta"):
                     inputs["token_type_ids"] = types[rows][None]
-                if arch == "distilbert":  # positions from 0, always
+                if family == "distilbert":  # positions from 0, always
                     del inputs["position_ids"]
                 want = reference(**inputs).last_hidden_state[0]
-                assert got[rows].shape == (n, 40)
+                assert got[rows].shape == (n, reference.config.hidden_size)
                 diff = float((got[rows] - want).abs().max())
                 assert diff < 2e-5, (arch, lengths, i, diff)
 

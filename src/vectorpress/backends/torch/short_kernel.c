@@ -1198,16 +1198,49 @@ static inline __attribute__((always_inline)) void attend_f32(
     }
 }
 
-/* The short pass's attention where heads are 16, 32, 64 or 128 wide: each thread's
-   (sequence, head) tasks laid out (`pack_f32`) and attended (`attend_f32`) in `mine`, room for
-   `attend_room` floats, as the longer passes' float32 attention does them; the output rounded
-   to bfloat16 after, with `rnd`. `attention` above, one query and one chain at a time, waits on
-   each FMA's latency: all-MiniLM-L6-v2's 16-token pass ran 0.965x with this one, 64 tokens
-   0.94x (Zen 4, alternated). */
+/* Floats a thread's (sequence, head) task needs for sequences of up to `longest` tokens, in
+   whole cache lines: its scores [16][keys], then its head's Q, K^T and V [keys][dim] each. */
 static int64_t attend_room(int64_t dim, int64_t longest) {
     return ((16 + 3 * dim) * ((longest + 15) / 16 * 16) + 15) / 16 * 16;
 }
 
+static int64_t longest_of(const int32_t *cu, int64_t seqs) {
+    int64_t longest = 0;
+    for (int64_t i = 0; i < seqs; i++)
+        if (cu[i + 1] - cu[i] > longest) longest = cu[i + 1] - cu[i];
+    return longest;
+}
+
+/* Head h of the sequence of `len` rows from row `start` (q, k, v and stride as in
+   `attention_f32`), laid out in `room` (`attend_room`) and attended into out [rows][heads][dim];
+   `dim` 16, 32, 64 or 128. */
+static inline __attribute__((always_inline)) void attend_task(
+    const void *q, const void *k, const void *v, const int64_t stride[3], int64_t start,
+    int64_t len, int64_t h, int64_t heads, int64_t dim, float scale, const float *bias,
+    int64_t span, const int bf16, void *out, float *room) {
+    int64_t keys = (len + 15) / 16 * 16;
+    float *s = room, *qp = s + 16 * keys, *kt = qp + dim * keys, *vp = kt + dim * keys;
+    const int64_t from[3] = {start * stride[0] + h * dim, start * stride[1] + h * dim,
+                             start * stride[2] + h * dim};
+    pack_f32(q, k, v, from, stride, len, keys, dim, bf16, qp, kt, vp);
+    const float *b = bias ? bias + h * span * span : 0;
+    int64_t o = (start * heads + h) * dim, hidden = heads * dim;
+    switch (dim) {
+#define ATTEND(nv) attend_f32(qp, kt, vp, len, keys, nv, scale, b, span, out, o, hidden, bf16, s)
+        case 16: ATTEND(1); break;
+        case 32: ATTEND(2); break;
+        case 64: ATTEND(4); break;
+        default: ATTEND(8);
+#undef ATTEND
+    }
+}
+
+/* The short pass's attention where heads are 16, 32, 64 or 128 wide: each thread's
+   (sequence, head) tasks as the longer passes' float32 attention runs them (`attend_task`), in
+   `mine` (room for `attend_room` floats); the output rounded to bfloat16 after, with `rnd`.
+   `attention` above, one query and one chain at a time, waits on each FMA's latency:
+   all-MiniLM-L6-v2's 16-token pass ran 0.965x with this one, 64 tokens 0.94x (Zen 4,
+   alternated). */
 static void attend_heads(const float *qkv, const int32_t *cu, int64_t seqs, int64_t hidden,
                          int64_t heads, const float *bias, int64_t span, float *ctx, int rnd,
                          float *mine) {
@@ -1216,26 +1249,13 @@ static void attend_heads(const float *qkv, const int32_t *cu, int64_t seqs, int6
     float scale = 1.0f / sqrtf((float)dim);
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < seqs * heads; task++) {
-        int64_t i = task / heads, h = task % heads;
-        int64_t start = cu[i], len = cu[i + 1] - start, keys = (len + 15) / 16 * 16;
-        float *s = mine, *qp = s + 16 * keys, *kt = qp + dim * keys, *vp = kt + dim * keys;
-        const int64_t from[3] = {start * stride[0] + h * dim, start * stride[0] + hidden + h * dim,
-                                 start * stride[0] + 2 * hidden + h * dim};
-        pack_f32(qkv, qkv, qkv, from, stride, len, keys, dim, 0, qp, kt, vp);
-        const float *b = bias ? bias + h * span * span : 0;
-        int64_t o = start * hidden + h * dim;
-        switch (dim) {
-#define ATTEND(nv) attend_f32(qp, kt, vp, len, keys, nv, scale, b, span, ctx, o, hidden, 0, s)
-            case 16: ATTEND(1); break;
-            case 32: ATTEND(2); break;
-            case 64: ATTEND(4); break;
-            default: ATTEND(8);
-#undef ATTEND
-        }
+        int64_t i = task / heads, h = task % heads, start = cu[i], len = cu[i + 1] - start;
+        attend_task(qkv, qkv + hidden, qkv + 2 * hidden, stride, start, len, h, heads, dim,
+                    scale, bias, span, 0, ctx, mine);
         if (rnd)
-            for (int64_t r = 0; r < len; r++)
+            for (int64_t r = start; r < start + len; r++)
                 for (int64_t d = 0; d < dim; d += 16) {
-                    float *at = ctx + o + r * hidden + d;
+                    float *at = ctx + r * hidden + h * dim + d;
                     _mm512_storeu_ps(at, to_bf16_value(_mm512_loadu_ps(at)));
                 }
     }
@@ -1250,46 +1270,20 @@ static inline __attribute__((always_inline)) int attention_f32(
     const void *q, const void *k, const void *v, const int64_t stride[3], const int32_t *cu,
     int64_t seqs, int64_t heads, int64_t dim, float scale, const float *bias, int64_t span,
     const int bf16, void *out, int threads) {
-    int64_t longest, *at = laid_out(cu, seqs, 16, &longest);
-    if (!at) return -1;
-    int64_t hidden = heads * dim;
-    /* Each thread's scores [16][longest], then its head's Q, K^T and V [longest][dim] each. */
-    size_t own = ((size_t)4 * (16 + 3 * dim) * longest + 63) / 64 * 64;
+    size_t own = 4 * (size_t)attend_room(dim, longest_of(cu, seqs));
     char *mem = scratch(own * threads);
-    if (!mem) {
-        free(at);
-        return -1;
-    }
+    if (!mem) return -1;
 #pragma omp parallel num_threads(threads)
     {
-        float *s = (float *)(mem + own * omp_get_thread_num());
-        float *qp = s + 16 * longest, *kt = qp + dim * longest, *vp = kt + dim * longest;
+        float *room = (float *)(mem + own * omp_get_thread_num());
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < seqs * heads; task++) {
-            int64_t i = task / heads, h = task % heads, keys = at[i + 1] - at[i];
-            int64_t start = cu[i], len = cu[i + 1] - start;
-            const int64_t from[3] = {start * stride[0] + h * dim, start * stride[1] + h * dim,
-                                     start * stride[2] + h * dim};
-            pack_f32(q, k, v, from, stride, len, keys, dim, bf16, qp, kt, vp);
-            const float *b = bias ? bias + h * span * span : 0;
-            int64_t o = (start * heads + h) * dim;
-            switch (dim) {
-                case 16:
-                    attend_f32(qp, kt, vp, len, keys, 1, scale, b, span, out, o, hidden, bf16, s);
-                    break;
-                case 32:
-                    attend_f32(qp, kt, vp, len, keys, 2, scale, b, span, out, o, hidden, bf16, s);
-                    break;
-                case 64:
-                    attend_f32(qp, kt, vp, len, keys, 4, scale, b, span, out, o, hidden, bf16, s);
-                    break;
-                default:
-                    attend_f32(qp, kt, vp, len, keys, 8, scale, b, span, out, o, hidden, bf16, s);
-            }
+            int64_t i = task / heads, h = task % heads;
+            attend_task(q, k, v, stride, cu[i], cu[i + 1] - cu[i], h, heads, dim, scale, bias,
+                        span, bf16, out, room);
         }
     }
     unscratch(mem, own * threads);
-    free(at);
     return 0;
 }
 
@@ -1670,10 +1664,7 @@ void vp_post_norm_encoder(const Layer *layers, int64_t n_layers, float *x, int64
     float *qkv = work, *ctx = qkv + rows * 3 * hidden, *sum = ctx + rows * hidden;
     float *inner_out = sum + rows * hidden;
     uint16_t *abf = bf16 ? (uint16_t *)(inner_out + rows * inner) : 0;
-    int64_t dim = hidden / heads, longest = 0;
-    for (int64_t i = 0; i < seqs; i++)
-        if (cu[i + 1] - cu[i] > longest) longest = cu[i + 1] - cu[i];
-    int64_t room = attend_room(dim, longest);
+    int64_t dim = hidden / heads, room = attend_room(dim, longest_of(cu, seqs));
     float *rooms = dim == 16 || dim == 32 || dim == 64 || dim == 128
                        ? (float *)scratch(4 * room * threads)
                        : 0;

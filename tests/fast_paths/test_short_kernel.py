@@ -8,6 +8,7 @@ that cannot build it."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import math
 import os
@@ -29,6 +30,7 @@ from tests.helpers.pages import huge_kib, thp_given
 from tests.helpers.passes import timed_shortcuts
 from tests.helpers.reference import assert_close_vectors, st_encode
 from tests.helpers.texts import mixed_texts
+from vectorpress.backends.common.pooling import pool
 from vectorpress.backends.common.sequences import PackedSequences
 from vectorpress.backends.common.threads import num_threads
 from vectorpress.backends.torch import backend as backend_module
@@ -213,6 +215,71 @@ def test_the_kernel_embeds_as_the_model_does_and_leaves_bad_ids_to_it(
     if not kernel.bf16:
         bf16 = _kernel(TorchBackend(spec, "cpu", "bfloat16"), run_cache())
         assert bf16.embedding is None
+
+
+@needs_kernel
+@pytest.mark.parametrize("arch", [*ARCHS, "bert-16", "mpnet-16"])
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_pooled_short_batches_on_the_kernel_give_the_general_paths_vectors(
+    arch: str, pooling: str, awkward: dict[str, Path]
+) -> None:
+    """A batch the kernel runs whole, every text pooled, goes from the batch's arrays to its
+    vectors in the library's calls (`ShortKernel.pooled`): the vectors of the general path (the
+    kernel's hidden states pooled by `pool`) to the bit."""
+    spec = dataclasses.replace(_spec(awkward[arch]), pooling=pooling)
+    backend = TorchBackend(spec, "cpu", "float32")
+    backend.passes = CpuPasses(plan=ON_KERNEL, shortcut=_kernel(backend, run_cache()))
+    texts = mixed_texts(40, seed=11)
+    offset = spec.position_offset
+    batches = [
+        *tokenized_batches(awkward[arch], texts[:6], size=1, position_offset=offset),
+        *tokenized_batches(awkward[arch], ["a", "b c", texts[0][:40]], position_offset=offset),
+        *tokenized_batches(
+            awkward[arch], texts[:12], size=4, max_length=12, position_offset=offset
+        ),
+    ]
+    for batch in batches:
+        fast = backend._pooled_on_kernel(batch)
+        if len(batch.input_ids) >= SMALL_PASS_TOKENS:
+            assert fast is None
+            continue
+        general = backend._embed(batch).pooled
+        assert fast is not None and general is not None, len(batch.input_ids)
+        assert fast.dtype == np.float32 and fast.shape == general.shape
+        assert np.array_equal(fast, general), (arch, pooling, len(batch.input_ids))
+        assert np.array_equal(backend.embed(batch).pooled, general)
+    assert any(len(b.input_ids) < SMALL_PASS_TOKENS and b.size > 1 for b in batches)
+    # An id past its table: the kernel declines, and the general path says why.
+    (bad,) = tokenized_batches(awkward[arch], ["a short one"], position_offset=offset)
+    bad.input_ids[1] = backend.model.encoder.embedding_sum().tables[0][0].num_embeddings
+    assert backend._pooled_on_kernel(bad) is None
+    with pytest.raises(IndexError):
+        backend.embed(bad)
+
+
+@needs_kernel
+def test_the_kernels_pooling_adds_as_pool_does_to_the_bit() -> None:
+    """`vp_pool` against `pool` on rows of awkward values: negative zeros (a sum of them is
+    +0.0 from index_add_'s zeros), sums that cancel, widths that fill no vector."""
+    lib = load_library(run_cache())
+    assert lib is not None
+    gen = torch.Generator().manual_seed(5)
+    for hidden in (1, 16, 37, 384):
+        lengths = [1, 2, 7, 16, 3]
+        rows = torch.randn(sum(lengths), hidden, generator=gen) * 1e3
+        rows[:1] = -0.0
+        rows[1:3, : hidden // 2 + 1] = -0.0
+        rows[5] = -rows[4]
+        rows[10:26:3] *= 1e-30
+        cu = np.array([0, *np.cumsum(lengths)], dtype=np.int32)
+        seqs = PackedSequences(torch.from_numpy(cu), max(lengths))
+        for method, first in (("mean", 0), ("cls", 1)):
+            want = pool(rows, seqs, method).numpy()
+            got = np.empty((len(lengths), hidden), np.float32)
+            lib.vp_pool(
+                rows.data_ptr(), cu.ctypes.data, len(lengths), hidden, first, got.ctypes.data
+            )
+            assert np.array_equal(got.view(np.int32), want.view(np.int32)), (hidden, method)
 
 
 @needs_kernel

@@ -46,6 +46,7 @@ from vectorpress.backends.torch.passes import (
     CPU_PASS_TOKENS,
     GRAPH,
     KERNEL,
+    SMALL_PASS_TOKENS,
     CpuPasses,
     PassPlan,
     Shortcut,
@@ -58,7 +59,7 @@ from vectorpress.backends.torch.short_graph import (
     graph_candidate,
     short_graph_fits,
 )
-from vectorpress.backends.torch.short_kernel import kernel_candidate, load_library
+from vectorpress.backends.torch.short_kernel import ShortKernel, kernel_candidate, load_library
 from vectorpress.errors import StartupError
 from vectorpress.model_spec import ModelSpec
 from vectorpress.types import Batch, BatchOutput
@@ -473,8 +474,41 @@ class TorchBackend:
         )
         return self.model.encoder(ids, types, positions, seqs), seqs
 
-    @torch.inference_mode()
     def embed(self, batch: Batch) -> BatchOutput:
+        pooled = self._pooled_on_kernel(batch)
+        if pooled is not None:
+            return BatchOutput(pooled, [])
+        return self._embed(batch)
+
+    def _pooled_on_kernel(self, batch: Batch) -> np.ndarray | None:
+        """The vectors of a batch that the compiled kernel runs in one short pass, every text
+        pooled by its first token or its mean with no dense layer after, straight from the
+        batch's arrays (`ShortKernel.pooled`); None where the batch takes the general path."""
+        kernel = self.passes.shortcut
+        tokens = len(batch.input_ids)
+        if (
+            not isinstance(kernel, ShortKernel)
+            or tokens >= SMALL_PASS_TOKENS
+            or self.spec.pooling not in ("mean", "cls")
+            or self.spec.is_splade
+            or self.dense
+            or batch.raw_indices
+            or batch.multi_indices
+            or batch.key_lengths is not None
+        ):
+            return None
+        return kernel.pooled(
+            batch.input_ids,
+            batch.token_type_ids,
+            batch.position_ids,
+            batch.cu_seqlens,
+            batch.max_seqlen,
+            self.spec.pooling == "cls",
+            self.passes.threads(tokens),
+        )
+
+    @torch.inference_mode()
+    def _embed(self, batch: Batch) -> BatchOutput:
         which = list(batch.pooled_indices)
         seqs = self._sequences(batch)
         if self.device == "cpu":

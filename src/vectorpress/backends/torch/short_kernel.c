@@ -1651,6 +1651,30 @@ int vp_embed_norm(const float *const *tables, const int64_t *const *ids, const i
     return 0;
 }
 
+/* Each sequence's vector from a pass's hidden states x[rows, hidden] (`cu`: the sequences'
+   bounds) into out[seqs, hidden]: its first row (`first`), or the mean of its rows, added one
+   after another in float32 from zero and divided by its length, as pooling.py's `pool` adds
+   them (the same bits). */
+void vp_pool(const float *x, const int32_t *cu, int64_t seqs, int64_t hidden, int first,
+             float *out) {
+    for (int64_t s = 0; s < seqs; s++) {
+        const float *rows = x + (int64_t)cu[s] * hidden;
+        int64_t n = cu[s + 1] - cu[s];
+        __m512 length = _mm512_set1_ps((float)n);
+        for (int64_t i = 0; i < hidden; i += 16) {
+            __mmask16 m = lanes(hidden - i);
+            __m512 v = _mm512_maskz_loadu_ps(m, rows + i);
+            if (!first) {
+                v = _mm512_setzero_ps();
+                for (int64_t r = 0; r < n; r++)
+                    v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, rows + r * hidden + i));
+                v = _mm512_div_ps(v, length);
+            }
+            _mm512_mask_storeu_ps(out + s * hidden + i, m, v);
+        }
+    }
+}
+
 /* Runs `n_layers` layers over x[rows, hidden] in place, every layer adding `bias` (or NULL, see
    attention; `span` at least the longest sequence) to its scores; the layers' weights are
    bfloat16 ones, on AMX, where `bf16` is set (`vp_amx_ready` first), bfloat16 ones on the

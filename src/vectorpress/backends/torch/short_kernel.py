@@ -49,6 +49,7 @@ import threading
 from pathlib import Path
 from typing import Any, Protocol, TypeGuard, runtime_checkable
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -247,6 +248,15 @@ def _build_and_load(cache_dir: Path, compiler: str) -> ctypes.CDLL | None:
         ctypes.c_float,  # eps
         ctypes.c_void_p,  # out
     ]
+    lib.vp_pool.restype = None
+    lib.vp_pool.argtypes = [
+        ctypes.c_void_p,  # x
+        ctypes.c_void_p,  # cu
+        ctypes.c_int64,  # seqs
+        ctypes.c_int64,  # hidden
+        ctypes.c_int,  # first
+        ctypes.c_void_p,  # out
+    ]
     return lib
 
 
@@ -278,6 +288,15 @@ def float_panels(weight: torch.Tensor) -> torch.Tensor:
     padded = weight.new_zeros(count * PANEL, inner)
     padded[:out] = weight
     return padded.view(count, PANEL, inner).transpose(1, 2).contiguous()
+
+
+def _aligned(n: int) -> np.ndarray:
+    """Room for `n` float32s from a 64-byte boundary, as torch's allocator places them: from
+    numpy's 16-byte one the kernel's vector loads and stores split cache lines (a 16-token pass
+    2-4% slower, in-process, alternated)."""
+    raw = np.empty(n + 15, np.float32)
+    skip = (-raw.ctypes.data % 64) // 4
+    return raw[skip : skip + n]
 
 
 def _tiled(n: int, step: int = TILE_K) -> int:
@@ -365,27 +384,86 @@ class ShortKernel:
             self.encoder, input_ids, token_type_ids, position_ids, seqs, self.embedding
         )
         rows = x.shape[0]
-        # The bfloat16 linears' inputs, whole tiles of them, after the float32 values.
-        bf16_inputs = _tiled(rows, TILE_ROWS) * self.widest // 2
-        scratch = torch.empty(rows * (5 * self.hidden + self.inner) + bf16_inputs)
+        scratch = torch.empty(self._work(rows))
+        self._layers(
+            x.data_ptr(), rows, cu.data_ptr(), seqs.size, bias, span, scratch.data_ptr(),
+            torch.get_num_threads(),
+        )  # fmt: skip
+        return x
+
+    def pooled(
+        self,
+        ids: np.ndarray,
+        types: np.ndarray,
+        positions: np.ndarray,
+        cu: np.ndarray,
+        longest: int,
+        first: bool,
+        threads: int,
+    ) -> np.ndarray | None:
+        """The vectors of a pass's sequences (`cu`: their int32 bounds): each one's first
+        token's hidden state (`first`) or their mean, as `pool` gives them, from the batch's own
+        int64 arrays, with no torch op between the embeddings and the vectors: right after a
+        pass has streamed the weights through the caches each torch op costs several times its
+        warm price, and the ones around the kernel (the embeddings' inputs, the bounds, the
+        pooling) took about 0.4 ms of a short query's 2.5 in a server (docs/performance.md).
+        None where the model's embedding module must run."""
+        embedding = self.embedding
+        rows = len(ids)
+        if embedding is None or not rows:
+            return None
+        # The library reads them as they are: no-ops on a Batch's own arrays.
+        ids, types, positions = (np.ascontiguousarray(a, np.int64) for a in (ids, types, positions))
+        cu = np.ascontiguousarray(cu, np.int32)
+        x = _aligned(rows * self.hidden)
+        if not embedding.write((ids, types, positions), rows, x.ctypes.data):
+            return None
+        bias = self.encoder.score_bias(longest)
+        if bias is not None:
+            bias = bias.float().contiguous()
+        seqs = len(cu) - 1
+        scratch = _aligned(self._work(rows))
+        self._layers(
+            x.ctypes.data, rows, cu.ctypes.data, seqs, bias, longest, scratch.ctypes.data, threads
+        )
+        out = _aligned(seqs * self.hidden)
+        self.lib.vp_pool(x.ctypes.data, cu.ctypes.data, seqs, self.hidden, first, out.ctypes.data)
+        return out.reshape(seqs, self.hidden)
+
+    def _work(self, rows: int) -> int:
+        """Floats of room a pass of `rows` needs, the bfloat16 linears' inputs (whole tiles
+        of them) after the float32 values."""
+        return rows * (5 * self.hidden + self.inner) + _tiled(rows, TILE_ROWS) * self.widest // 2
+
+    def _layers(
+        self,
+        x: int,
+        rows: int,
+        cu: int,
+        seqs: int,
+        bias: torch.Tensor | None,
+        span: int,
+        work: int,
+        threads: int,
+    ) -> None:
+        """The layers over x[rows, hidden] in place (`bias`: float32, contiguous)."""
         self.lib.vp_post_norm_encoder(
             ctypes.addressof(self.table),
             self.n_layers,
-            x.data_ptr(),
+            x,
             rows,
             self.hidden,
             self.inner,
             self.heads,
-            cu.data_ptr(),
-            seqs.size,
+            cu,
+            seqs,
             bias.data_ptr() if bias is not None else None,
             span,
-            scratch.data_ptr(),
-            torch.get_num_threads(),
+            work,
+            threads,
             int(self.bf16),
             int(self.half),
         )
-        return x
 
 
 class _Embedding:
@@ -414,24 +492,34 @@ class _Embedding:
     def __call__(self, ids: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
         rows = ids[0].shape[0]
         read = [ids[i].to(torch.int64).contiguous() if i is not None else None for i in self.inputs]
-        pointers = (ctypes.c_void_p * len(read))(
-            *[t.data_ptr() if t is not None else None for t in read]
-        )
         out = torch.empty(rows, self.hidden)
+        done = self._write(
+            [t.data_ptr() if t is not None else None for t in read], rows, out.data_ptr()
+        )
+        return out if done else None
+
+    def write(self, ids: tuple[np.ndarray, ...], rows: int, out: int) -> bool:
+        """The embeddings of `ids` (contiguous int64 arrays: input ids, token types, positions)
+        written at `out`; False (nothing written) where an id is outside its table."""
+        return self._write(
+            [ids[i].ctypes.data if i is not None else None for i in self.inputs], rows, out
+        )
+
+    def _write(self, ids: list[int | None], rows: int, out: int) -> bool:
         norm = self.norm
         done = self.run(
             self.tables,
-            pointers,
+            (ctypes.c_void_p * len(ids))(*ids),
             self.sizes,
-            len(read),
+            len(ids),
             rows,
             self.hidden,
             norm.weight.data_ptr(),
             norm.bias.data_ptr(),
             norm.eps,
-            out.data_ptr(),
+            out,
         )
-        return out if done == 0 else None
+        return bool(done == 0)
 
 
 def kernel_inputs(

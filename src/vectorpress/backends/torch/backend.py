@@ -490,7 +490,6 @@ class TorchBackend:
             not isinstance(kernel, ShortKernel)
             or tokens >= SMALL_PASS_TOKENS
             or self.spec.pooling not in ("mean", "cls")
-            or self.spec.is_splade
             or self.dense
             or batch.raw_indices
             or batch.multi_indices

@@ -1663,9 +1663,10 @@ void vp_pool(const float *x, const int32_t *cu, int64_t seqs, int64_t hidden, in
         __m512 length = _mm512_set1_ps((float)n);
         for (int64_t i = 0; i < hidden; i += 16) {
             __mmask16 m = lanes(hidden - i);
-            __m512 v = _mm512_maskz_loadu_ps(m, rows + i);
-            if (!first) {
-                v = _mm512_setzero_ps();
+            __m512 v = _mm512_setzero_ps();
+            if (first)
+                v = _mm512_maskz_loadu_ps(m, rows + i);
+            else {
                 for (int64_t r = 0; r < n; r++)
                     v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, rows + r * hidden + i));
                 v = _mm512_div_ps(v, length);

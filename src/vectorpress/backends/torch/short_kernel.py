@@ -418,9 +418,7 @@ class ShortKernel:
         x = _aligned(rows * self.hidden)
         if not embedding.write((ids, types, positions), rows, x.ctypes.data):
             return None
-        bias = self.encoder.score_bias(longest)
-        if bias is not None:
-            bias = bias.float().contiguous()
+        bias = score_bias(self.encoder, longest)
         seqs = len(cu) - 1
         scratch = _aligned(self._work(rows))
         self._layers(
@@ -538,10 +536,15 @@ def kernel_inputs(
         if x is None:
             x = encoder.embed(input_ids, token_type_ids, position_ids).float().contiguous()
         span = max(seqs.lengths)
-        bias = encoder.score_bias(span)
-        if bias is not None:
-            bias = bias.float().contiguous()
+        bias = score_bias(encoder, span)
     return x, bias, span, seqs.cu_seqlens.to(torch.int32).contiguous()
+
+
+def score_bias(encoder: PostNormEncoder, span: int) -> torch.Tensor | None:
+    """The encoder's score bias for sequences of up to `span` tokens as the kernels read it
+    (float32, contiguous), or None."""
+    bias = encoder.score_bias(span)
+    return None if bias is None else bias.float().contiguous()
 
 
 def kernel_fits(encoder: nn.Module, dtype: torch.dtype) -> TypeGuard[PostNormEncoder]:

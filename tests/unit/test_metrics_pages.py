@@ -25,3 +25,22 @@ def test_a_models_page_keeps_its_series_and_the_server_wide_ones() -> None:
     # The model's own series are exactly the whole page's.
     assert set(page.samples) == {k for k in whole.samples if dict(k[1]).get("model") in ("a", None)}
     assert parse(registry.render("nobody")).samples.keys() == {("vectorpress_server_wide", ())}
+
+
+def test_many_observations_and_increments_in_one_call_make_the_same_page() -> None:
+    one, many = Metrics(model="m"), Metrics(model="m")
+    values = [
+        ("te_request_duration", 0.003),
+        ("te_request_input_length", 7.0),
+        ("te_request_duration", 12.0),
+        ("te_batch_next_tokens", 0.0),
+    ]
+    counts = [("vectorpress_tokens", 7.0), ("vectorpress_tokens", 2.0), ("te_embed_count", 1.0)]
+    for name, value in values:
+        one.observe(name, value)
+    for name, value in counts:
+        one.inc(name, value)
+    many.observe_many(values)
+    many.inc_many(counts)
+    assert many.render() == one.render()
+    assert many.value("vectorpress_tokens") == 9.0

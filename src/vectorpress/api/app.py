@@ -14,6 +14,7 @@ from vectorpress.api.direct import DirectRoute, DirectRoutes
 from vectorpress.api.disconnect import DisconnectMiddleware
 from vectorpress.api.errors import install_error_handlers
 from vectorpress.api.guards import GuardMiddleware
+from vectorpress.api.lane import LanedApp
 from vectorpress.api.metrics_route import router as metrics_router
 from vectorpress.api.native import schemas
 from vectorpress.api.native.classify import run_predict, run_rerank
@@ -53,7 +54,8 @@ def direct_routes() -> list[DirectRoute]:
 
 
 def create_app(state: AppState) -> FastAPI:
-    app = FastAPI(
+    routes = direct_routes()
+    app = LanedApp(
         title="vectorpress",
         summary="Text embeddings, sparse embeddings, reranking and classification; "
         "compatible with text-embeddings-inference",
@@ -63,6 +65,7 @@ def create_app(state: AppState) -> FastAPI:
         openapi_url="/api-doc/openapi.json",
         redoc_url=None,
         dependencies=[Depends(bodies.refuse_bodies)],
+        lane_paths=[route.path for route in routes],
     )
     app.state.vp = state
     install_error_handlers(app)
@@ -77,7 +80,7 @@ def create_app(state: AppState) -> FastAPI:
     app.include_router(models_router)
     openapi.install(app, protected=settings.api_key is not None)
     # Middleware added last runs first: CORS answers preflights before the key is checked.
-    app.add_middleware(DirectRoutes, state=state, routes=direct_routes())
+    app.add_middleware(DirectRoutes, state=state, routes=routes)
     app.add_middleware(DisconnectMiddleware)
     app.add_middleware(
         GuardMiddleware, payload_limit=settings.payload_limit, api_key=settings.api_key

@@ -23,7 +23,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from vectorpress.types import Batch
@@ -220,6 +220,13 @@ class Registry:
             series = self._values.setdefault(name, {})
             series[key] = series.get(key, 0.0) + value
 
+    def inc_many(self, key: Labels, values: Iterable[tuple[str, float]]) -> None:
+        """`inc` of several counters of one label set, under one lock."""
+        with self._lock:
+            for name, value in values:
+                series = self._values.setdefault(name, {})
+                series[key] = series.get(key, 0.0) + value
+
     def set(self, name: str, key: Labels, value: float) -> None:
         with self._lock:
             self._values.setdefault(name, {})[key] = value
@@ -231,6 +238,19 @@ class Registry:
             if hist is None:
                 hist = series[key] = _Histogram(buckets)
             hist.observe(value)
+
+    def observe_many(
+        self, key: Labels, values: Iterable[tuple[str, float]], defs: Mapping[str, MetricDef]
+    ) -> None:
+        """`observe` into several histograms of one label set (`defs` has their buckets),
+        under one lock."""
+        with self._lock:
+            for name, value in values:
+                series = self._histograms.setdefault(name, {})
+                hist = series.get(key)
+                if hist is None:
+                    hist = series[key] = _Histogram(defs[name].buckets)
+                hist.observe(value)
 
     def value(self, name: str, key: Labels) -> float:
         read = self._gauges.get(name, {}).get(key)
@@ -333,6 +353,16 @@ class Metrics:
     def observe(self, name: str, value: float, **labels: str) -> None:
         self.registry.observe(name, self._key(labels), value, self.defs[name].buckets)
 
+    def observe_many(self, values: Iterable[tuple[str, float]]) -> None:
+        """Observations of this model's unlabelled histograms, in one call: a request records
+        a dozen after its answer, on the event loop, with the caches cold from its pass (one
+        call each cost a short query's loop about 30 us)."""
+        self.registry.observe_many(self._base, values, self.defs)
+
+    def inc_many(self, values: Iterable[tuple[str, float]]) -> None:
+        """Increments of this model's unlabelled counters, in one call."""
+        self.registry.inc_many(self._base, values)
+
     def value(self, name: str, **labels: str) -> float:
         """The current value of one of this model's counter or gauge series (0 when never
         recorded)."""
@@ -353,17 +383,26 @@ class Metrics:
         if size == 0:
             return
         tokens = batch.total_tokens - batch.probe_tokens
-        self.observe("te_batch_next_size", size)
-        self.observe("te_batch_next_tokens", tokens)
         if not ok:
+            self.observe_many((("te_batch_next_size", size), ("te_batch_next_tokens", tokens)))
             self.inc("vectorpress_batch_failures")
             return
         computed = batch.max_seqlen * size if padded else tokens
-        self.observe("vectorpress_batch_padding_efficiency", tokens / computed if computed else 1.0)
-        self.inc("vectorpress_batch_real_tokens", tokens)
-        self.inc("vectorpress_batch_computed_tokens", computed)
-        self.inc("vectorpress_tokens", tokens)
-        self.inc("vectorpress_backend_busy_seconds", elapsed)
+        self.observe_many(
+            (
+                ("te_batch_next_size", size),
+                ("te_batch_next_tokens", tokens),
+                ("vectorpress_batch_padding_efficiency", tokens / computed if computed else 1.0),
+            )
+        )
+        self.inc_many(
+            (
+                ("vectorpress_batch_real_tokens", tokens),
+                ("vectorpress_batch_computed_tokens", computed),
+                ("vectorpress_tokens", tokens),
+                ("vectorpress_backend_busy_seconds", elapsed),
+            )
+        )
         now = time.monotonic()
         with self._lock:
             self._recent.append((now, tokens))

@@ -4,10 +4,11 @@ Starlette wraps every request in the app's whole middleware stack: FastAPI's own
 telemetry check reads the OpenTelemetry providers), Starlette's, the server-error layer,
 FastAPI's exception telemetry and body limit, CORS, and only then this server's layers. For a
 POST to an inference route with no `Origin` header, no tracing and no OpenTelemetry provider,
-all but the server-error layer pass it through untouched; together they cost a short query
-about 0.1 ms of its overhead (alternated HTTP rounds). Such a request goes from the server-error
-layer straight to the first of this server's own (`PrefixRouting`): the same instances, in the
-same order, as the full stack has them. Everything else takes the full stack.
+all but the server-error layer pass it through untouched, and each costs a few Python calls
+with the caches cold from the last pass. Such a request goes from the server-error layer
+straight to the first of this server's own (`PrefixRouting`): the same instances, in the same
+order, as the full stack has them. Everything else takes the full stack. (With the metrics'
+batched recording, the event loop's CPU per short query went 550 -> 535 us, alternated rounds.)
 """
 
 from __future__ import annotations

@@ -3,8 +3,14 @@ server-wide ones, with TEI's text format unchanged."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import pytest
+
 from tests.observability.scrape import parse
+from vectorpress.core.infer import Infer, Result
 from vectorpress.core.metrics import MetricDef, Metrics, Registry
+from vectorpress.types import Timings
 
 
 def test_a_models_page_keeps_its_series_and_the_server_wide_ones() -> None:
@@ -44,3 +50,20 @@ def test_many_observations_and_increments_in_one_call_make_the_same_page() -> No
     many.inc_many(counts)
     assert many.render() == one.render()
     assert many.value("vectorpress_tokens") == 9.0
+
+
+def test_each_stage_timing_lands_in_its_own_histogram() -> None:
+    metrics = Metrics(model="m")
+    owner = SimpleNamespace(metrics=metrics)
+    timings = Timings(tokenization=0.001, queue=0.02, inference=0.3)
+    Infer._record_request(owner, "single", Result(None, timings=timings, total_time=4.0))  # type: ignore[arg-type]
+    entries = [SimpleNamespace(queue_time=0.05, inference_time=0.6)] * 2
+    Infer._record_run(owner, "embed", entries, 0.007, 8.0)  # type: ignore[arg-type]
+    page = parse(metrics.render())
+    for prefix, want in (
+        ("te_request", {"": 4.0, "_tokenization": 0.001, "_queue": 0.02, "_inference": 0.3}),
+        ("te_embed", {"": 16.0, "_tokenization": 0.014, "_queue": 0.1, "_inference": 1.2}),
+    ):
+        for stage, total in want.items():
+            assert page.get(f"{prefix}{stage}_duration_sum", model="m") == pytest.approx(total)
+    assert page.get("te_embed_success", model="m") == 2

@@ -30,7 +30,8 @@ class LanedApp(FastAPI):
     def __init__(self, *args: Any, lane_paths: Iterable[str] = (), **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.lane_paths = frozenset(lane_paths)
-        """Paths that take the lane, as themselves or after `/models/<name>`."""
+        """Paths that take the lane; every path under `/models/` does too (PrefixRouting's
+        to rewrite; a non-inference one goes on to FastAPI's router there, as in the stack)."""
         self._lane: ASGIApp | None = None
 
     @property

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import re
 import time
@@ -16,7 +15,7 @@ import numpy as np
 from vectorpress.core import postprocess
 from vectorpress.core.admission import Admission
 from vectorpress.core.calibration import Calibration
-from vectorpress.core.metrics import Metrics
+from vectorpress.core.metrics import Metrics, stage_histograms
 from vectorpress.core.queue import BatchingQueue, Lane, LanePolicy, parse_priority
 from vectorpress.core.tokenization import PairInput, TextInput, TokenizerPool, Tokens
 from vectorpress.core.worker import BackendWorker
@@ -59,18 +58,6 @@ class _Run:
     """Arrays, or for MULTI entries dicts of named arrays."""
     encodings: list[Encoding]
     timings: Timings
-
-
-@functools.cache
-def _family_histograms(family: str) -> tuple[str, str, str, str]:
-    """TEI's four per-input timing histograms of one request family (`embed`, ...)."""
-    prefix = f"te_{family}"
-    return (
-        f"{prefix}_duration",
-        f"{prefix}_tokenization_duration",
-        f"{prefix}_queue_duration",
-        f"{prefix}_inference_duration",
-    )
 
 
 def window_means(
@@ -290,7 +277,7 @@ class Infer:
         self, family: str, entries: list[Entry], tokenization: float, total: float
     ) -> None:
         self.metrics.inc(f"te_{family}_success", len(entries))
-        duration, tokenizing, queue, inference = _family_histograms(family)
+        duration, tokenizing, queue, inference = stage_histograms(f"te_{family}")
         values: list[tuple[str, float]] = []
         for entry in entries:
             values += (
@@ -345,16 +332,10 @@ class Infer:
         self.metrics.inc("te_request_success", method=method)
         timings = result.timings
         if timings is None:
-            self.metrics.observe("te_request_duration", result.total_time)
+            self.metrics.observe(stage_histograms("te_request")[0], result.total_time)
             return
-        self.metrics.observe_many(
-            (
-                ("te_request_duration", result.total_time),
-                ("te_request_tokenization_duration", timings.tokenization),
-                ("te_request_queue_duration", timings.queue),
-                ("te_request_inference_duration", timings.inference),
-            )
-        )
+        values = (result.total_time, timings.tokenization, timings.queue, timings.inference)
+        self.metrics.observe_many(zip(stage_histograms("te_request"), values, strict=True))
 
     @staticmethod
     def _chars(inputs: Sequence[TextInput]) -> int:

@@ -4,6 +4,7 @@
     .venv/bin/python bench/short_query.py servers A=. B=.:GOMP_SPINCOUNT=10000 --rounds 6
     .venv/bin/python bench/short_query.py kernels
     .venv/bin/python bench/short_query.py floors --out bench/results/floors.md
+    .venv/bin/python bench/short_query.py metrics A=. B=/path/to/other/tree
 
 `servers` starts one server per `NAME=TREE[:VAR=VALUE,...]` (TREE is a source tree whose `src/`
 goes first on PYTHONPATH; the variables go into that server's environment, `ARGS=...` onto its
@@ -31,6 +32,11 @@ backend's bare pass in-process; and an HTTP server with no work in it (uvicorn o
 own protocol, answering the server's own answer bytes) under the same client, alternated with
 the real server round by round. What the real server takes beyond the bare pass is its
 overhead; what the bare pass takes beyond the larger bound is the rest of the pass's work.
+
+`metrics` times, in-process, the metric records a one-text /embed makes, with each tree's
+`core/metrics.py`, requests alternated between the trees, each after a read as large as the
+model's linear weights (the caches as cold as the event loop finds them after a pass), and
+checks that the trees' pages come out the same.
 
 Run them holding the benchmark lock (`flock /work/wt/bench.lock ...` on the shared machines);
 compare the figures within one run only.
@@ -464,6 +470,81 @@ def floors(backend: str, rounds: int, requests: int, out: Path | None) -> None:
         out.write_text(text)
 
 
+def _one_text_records(module: Any, metrics: Any) -> float:
+    """The metric records a one-text /embed makes (core/infer.py: its count, its input's length
+    before the pass; after the answer the run's, the request's and the batch's), the seconds of
+    those after the pass returned."""
+    stages = module.stage_histograms
+    metrics.inc("te_request_count", method="single")
+    metrics.inc("te_embed_count", 1)
+    metrics.observe_many(("te_request_input_length", n) for n in (16,))
+    started = time.perf_counter()
+    metrics.inc("te_embed_success", 1)
+    metrics.observe_many(zip(stages("te_embed"), (3e-3, 1e-4, 5e-5, 2e-3), strict=True))
+    metrics.inc("te_request_success", method="single")
+    metrics.observe_many(zip(stages("te_request"), (3e-3, 1e-4, 5e-5, 2e-3), strict=True))
+    metrics.observe_many(
+        (
+            ("te_batch_next_size", 1),
+            ("te_batch_next_tokens", 16),
+            ("vectorpress_batch_padding_efficiency", 1.0),
+        )
+    )
+    metrics.inc_many(
+        (
+            ("vectorpress_batch_real_tokens", 16),
+            ("vectorpress_batch_computed_tokens", 16),
+            ("vectorpress_tokens", 16),
+            ("vectorpress_backend_busy_seconds", 2e-3),
+        )
+    )
+    if hasattr(metrics, "fold_due"):
+        metrics.fold_due()
+    return time.perf_counter() - started
+
+
+def metrics_cost(specs: list[str], requests: int) -> None:
+    """Each tree's metrics module (`NAME=TREE`) recording a one-text /embed's records, the
+    trees alternated request by request, each request after a read as large as the model's
+    linear weights (as the event loop records them: with the caches cold from the pass)."""
+    import importlib.util
+
+    import numpy as np
+
+    config = json.loads((packaged_model() / "config.json").read_text())
+    evict = np.ones(linear_weight_bytes(config) // 8 + 2**20)
+    modules, views = {}, {}
+    for spec in specs:
+        name, _, tree = spec.partition("=")
+        path = Path(tree or ".").resolve() / "src" / "vectorpress" / "core" / "metrics.py"
+        found = importlib.util.spec_from_file_location(f"metrics_{name}", path)
+        assert found is not None and found.loader is not None
+        module = importlib.util.module_from_spec(found)
+        sys.modules[found.name] = module  # its dataclasses look their module up there
+        found.loader.exec_module(module)
+        modules[name], views[name] = module, module.Metrics(model="bench")
+    whole: dict[str, list[float]] = {name: [] for name in modules}
+    after: dict[str, list[float]] = {name: [] for name in modules}
+    for i in range(requests + 50):
+        for name in list(modules)[:: 1 if i % 2 else -1]:
+            evict.sum()
+            started = time.perf_counter()
+            post = _one_text_records(modules[name], views[name])
+            if i >= 50:
+                whole[name].append(time.perf_counter() - started)
+                after[name].append(post)
+    print(f"{requests} one-text requests' metric records per tree, caches cold before each:")
+    for name in modules:
+        w, a = whole[name], after[name]
+        print(
+            f"  {name}: all {statistics.median(w) * 1e6:.1f} us p50, "
+            f"{statistics.mean(w) * 1e6:.1f} mean; after the pass "
+            f"{statistics.median(a) * 1e6:.1f} p50, {statistics.mean(a) * 1e6:.1f} mean"
+        )
+    pages = {views[name].render() for name in modules}
+    print("  the trees' pages are the same" if len(pages) == 1 else "  the trees' pages DIFFER")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = ap.add_subparsers(dest="what", required=True)
@@ -481,6 +562,9 @@ def main() -> None:
     flo.add_argument("--rounds", type=int, default=4)
     flo.add_argument("--requests", type=int, default=100)
     flo.add_argument("--out", type=Path, help="also write the table here (markdown)")
+    met = sub.add_parser("metrics", help="a request's metric records, cold, A against B")
+    met.add_argument("specs", nargs="+", help="NAME=TREE")
+    met.add_argument("--requests", type=int, default=3000)
     ech = sub.add_parser("echo", help="(for floors) an HTTP server with no work")
     ech.add_argument("--body", type=Path, required=True)
     ech.add_argument("--port", type=int, required=True)
@@ -492,6 +576,8 @@ def main() -> None:
         kernels(args.rounds)
     elif args.what == "floors":
         floors(args.backend, args.rounds, args.requests, args.out)
+    elif args.what == "metrics":
+        metrics_cost(args.specs, args.requests)
     else:
         echo(args.port, args.body, args.read_mib)
 

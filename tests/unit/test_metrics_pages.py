@@ -67,3 +67,81 @@ def test_each_stage_timing_lands_in_its_own_histogram() -> None:
         for stage, total in want.items():
             assert page.get(f"{prefix}{stage}_duration_sum", model="m") == pytest.approx(total)
     assert page.get("te_embed_success", model="m") == 2
+
+
+def test_records_wait_for_a_fold_and_every_read_sees_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from vectorpress.core import metrics as metrics_module
+
+    monkeypatch.setattr(metrics_module, "FOLD_AT", 4)
+    registry = Registry()
+    metrics = Metrics(model="m", registry=registry)
+    metrics.inc("te_request_count", method="single")
+    metrics.observe_many([("te_request_duration", 0.5), ("te_request_input_length", 9.0)])
+    # Below FOLD_AT an ended request leaves them waiting; reads fold first.
+    metrics.fold_due()
+    assert len(registry._pending) == 2
+    assert metrics.value("te_request_count", method="single") == 1
+    assert not registry._pending
+    metrics.inc("te_embed_count", 3)
+    page = parse(registry.render())
+    assert page.get("te_embed_count", model="m") == 3
+    assert page.get("te_request_duration_sum", model="m") == pytest.approx(0.5)
+    assert page.get("te_request_input_length_count", model="m") == 1
+    # At FOLD_AT an ended request folds them.
+    for _ in range(4):
+        metrics.inc("vectorpress_tokens", 2)
+    metrics.fold_due()
+    assert not registry._pending
+    metrics.set("vectorpress_tokens", 1.0)
+    metrics.inc("vectorpress_tokens", 5)
+    assert metrics.value("vectorpress_tokens") == 6.0  # set applies after what waited before it
+
+
+def test_records_never_pile_up_past_their_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vectorpress.core import metrics as metrics_module
+
+    monkeypatch.setattr(metrics_module, "PENDING_MAX", 10)
+    registry = Registry()
+    metrics = Metrics(model="m", registry=registry)
+    for _ in range(95):  # nobody reads and no request ends: recording alone bounds them
+        metrics.inc("vectorpress_tokens", 1)
+        assert len(registry._pending) < 10
+    assert metrics.value("vectorpress_tokens") == 95
+
+
+def test_records_from_many_threads_during_folds_are_all_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+    import threading
+
+    from vectorpress.core import metrics as metrics_module
+
+    monkeypatch.setattr(metrics_module, "FOLD_AT", 1)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible, inside folds too
+    try:
+        metrics = Metrics(model="m")
+        threads, per_thread = 4, 5000
+
+        def record() -> None:
+            for i in range(per_thread):
+                metrics.inc("vectorpress_tokens", 1)
+                metrics.observe_many([("te_request_input_length", 1.0)])
+                if i % 7 == 0:
+                    metrics.fold_due()
+
+        workers = [threading.Thread(target=record) for _ in range(threads)]
+        for worker in workers:
+            worker.start()
+        while any(w.is_alive() for w in workers):
+            metrics.render()
+        for worker in workers:
+            worker.join()
+    finally:
+        sys.setswitchinterval(interval)
+    page = parse(metrics.render())
+    assert page.get("vectorpress_tokens", model="m") == threads * per_thread
+    assert page.get("te_request_input_length_count", model="m") == threads * per_thread

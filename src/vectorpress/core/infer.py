@@ -318,9 +318,11 @@ class Infer:
             result = await call()
         except VectorpressError as exc:
             self.metrics.inc("te_request_failure", err=exc.metric)
+            self.metrics.fold_due()
             raise
         except asyncio.CancelledError:
             self.metrics.inc("te_request_failure", err="dropped")
+            self.metrics.fold_due()
             raise
         result.total_time = time.perf_counter() - started
         # After a forward pass the caches are cold and each metric update costs microseconds:
@@ -333,9 +335,10 @@ class Infer:
         timings = result.timings
         if timings is None:
             self.metrics.observe(stage_histograms("te_request")[0], result.total_time)
-            return
-        values = (result.total_time, timings.tokenization, timings.queue, timings.inference)
-        self.metrics.observe_many(zip(stage_histograms("te_request"), values, strict=True))
+        else:
+            values = (result.total_time, timings.tokenization, timings.queue, timings.inference)
+            self.metrics.observe_many(zip(stage_histograms("te_request"), values, strict=True))
+        self.metrics.fold_due()
 
     @staticmethod
     def _chars(inputs: Sequence[TextInput]) -> int:

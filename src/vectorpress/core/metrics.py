@@ -239,9 +239,6 @@ class Registry:
             else:
                 self._histograms.setdefault(name, {}).setdefault(key, _Histogram(buckets))
 
-    def inc(self, name: str, key: Labels, value: float) -> None:
-        self.inc_many(key, ((name, value),))
-
     def inc_many(self, key: Labels, values: Iterable[tuple[str, float]]) -> None:
         """`inc` of several counters of one label set (folded later)."""
         self._pending.append((key, tuple(values), None))
@@ -252,9 +249,6 @@ class Registry:
         with self._lock:
             self._fold()
             self._values.setdefault(name, {})[key] = value
-
-    def observe(self, name: str, key: Labels, value: float, buckets: tuple[float, ...]) -> None:
-        self.observe_many(key, ((name, value),), lambda _: buckets)
 
     def observe_many(
         self, key: Labels, values: Iterable[tuple[str, float]], buckets: Buckets
@@ -404,7 +398,7 @@ class Metrics:
         self.registry.set(name, self._key(labels), value)
 
     def observe(self, name: str, value: float, **labels: str) -> None:
-        self.registry.observe(name, self._key(labels), value, self.defs[name].buckets)
+        self.registry.observe_many(self._key(labels), ((name, value),), self._buckets)
 
     def observe_many(self, values: Iterable[tuple[str, float]]) -> None:
         """Observations of this model's unlabelled histograms, in one call: a request records

@@ -5,7 +5,8 @@ nested routers, solving dependencies, validating a parsed dict and building a Re
 body that pydantic's JSON parser validates goes straight to the route's handler (the same
 `run_*` functions FastAPI's routes call) and its JSON is sent as two ASGI messages. Everything
 else, a body that does not validate included, goes on to FastAPI: error answers and the OpenAPI
-schema stay FastAPI's own.
+schema stay FastAPI's own. The answer leaves through the request's `Exchange` where the server's
+own protocol gives one (one write, no ASGI messages through the layers outside).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from vectorpress.api.errors import (
     vectorpress_error_response,
 )
 from vectorpress.api.headers import timing_headers
+from vectorpress.api.protocol import EXCHANGE, Exchange
 from vectorpress.api.routing import resolve
 from vectorpress.api.state import AppState, ModelState
 from vectorpress.core.infer import Result
@@ -125,6 +127,9 @@ class DirectRoutes:
             (b"content-length", str(len(content)).encode()),
         ]
         headers += [(k.encode(), v.encode()) for k, v in timing_headers(result).items()]
+        exchange = scope.get(EXCHANGE)
+        if isinstance(exchange, Exchange) and exchange.respond(200, headers, content):
+            return
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": content})
 

@@ -13,7 +13,8 @@ batched recording, the event loop's CPU per short query went 550 -> 535 us, alte
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from fastapi import FastAPI
@@ -21,6 +22,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from vectorpress.api.protocol import EXCHANGE, Exchange
 from vectorpress.api.routing import PREFIX, PrefixRouting
 
 
@@ -33,6 +35,7 @@ class LanedApp(FastAPI):
         """Paths that take the lane; every path under `/models/` does too (PrefixRouting's
         to rewrite; a non-inference one goes on to FastAPI's router there, as in the stack)."""
         self._lane: ASGIApp | None = None
+        self._telemetry_unset: Callable[[], bool] | None = None
 
     @property
     def laned(self) -> bool:
@@ -42,6 +45,7 @@ class LanedApp(FastAPI):
     def build_middleware_stack(self) -> ASGIApp:
         stack = super().build_middleware_stack()
         self._lane = self._build_lane(stack)
+        self._telemetry_unset = _providers_unset(getattr(self, "_native_telemetry", None))
         return stack
 
     def _build_lane(self, stack: ASGIApp) -> ASGIApp | None:
@@ -75,7 +79,10 @@ class LanedApp(FastAPI):
                 return False
         # FastAPI's own OpenTelemetry instrumentation, where a provider is configured.
         telemetry = getattr(self, "_native_telemetry", None)
-        return telemetry is None or not telemetry.enabled()
+        if telemetry is None:
+            return True
+        unset = self._telemetry_unset
+        return (unset is not None and unset()) or not telemetry.enabled()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.middleware_stack is None:
@@ -87,4 +94,59 @@ class LanedApp(FastAPI):
         if self.root_path:
             scope["root_path"] = self.root_path
         scope["app"] = self
+        exchange = scope.get(EXCHANGE)
+        if isinstance(exchange, Exchange):
+            exchange.bare = True
         await lane(scope, receive, send)
+
+
+#: Variables that name an OpenTelemetry provider for its API to load on first use.
+_PROVIDER_VARIABLES = (
+    "OTEL_PYTHON_TRACER_PROVIDER",
+    "OTEL_PYTHON_METER_PROVIDER",
+    "OTEL_PYTHON_LOGGER_PROVIDER",
+)
+
+
+def _providers_unset(telemetry: Any) -> Callable[[], bool] | None:
+    """A test that FastAPI's telemetry is off because no OpenTelemetry provider exists at all:
+    three module attributes read, where its own `enabled()` makes about twenty Python calls
+    (each provider's getter reads the environment). True only where `enabled()` would say
+    False; where it says nothing (a provider is set) `enabled()` decides. None where this test
+    does not hold: a provider given to FastAPI itself, a provider variable in the environment
+    when the stack was built, or an OpenTelemetry without these module attributes.
+    """
+    if telemetry is None:
+        return None
+    try:
+        from opentelemetry import trace
+        from opentelemetry._logs import _internal as logs
+        from opentelemetry.metrics import _internal as metrics
+    except ImportError:
+        return None
+    config = getattr(telemetry, "config", None)
+    if not isinstance(config, dict):
+        return None
+    if any(
+        config.get(key) is not None
+        for key in ("tracer_provider", "meter_provider", "logger_provider")
+    ):
+        return None
+    if any(name in os.environ for name in _PROVIDER_VARIABLES):
+        return None
+    found = (
+        hasattr(trace, "_TRACER_PROVIDER")
+        and hasattr(metrics, "_METER_PROVIDER")
+        and hasattr(logs, "_LOGGER_PROVIDER")
+    )
+    if not found:
+        return None
+
+    def unset() -> bool:
+        return (
+            trace._TRACER_PROVIDER is None
+            and metrics._METER_PROVIDER is None
+            and logs._LOGGER_PROVIDER is None
+        )
+
+    return unset

@@ -20,27 +20,40 @@ from contextlib import contextmanager
 #: The longest one `give_way()` waits: a builder then gets a slice in at least every few ms.
 GIVE_WAY_S = 0.002
 
-_count_lock = threading.Lock()
+_lock = threading.Lock()
+_ended = threading.Condition(_lock)
+"""Notified when the last interactive pass ends, only where a builder waits for it."""
 _running = 0
-_idle = threading.Event()
-_idle.set()
+_waiting = 0
 _local = threading.local()
 
 
-@contextmanager
-def interactive_pass() -> Iterator[None]:
-    """Mark an interactive forward pass as running while the block runs (any thread)."""
-    global _running
-    with _count_lock:
-        _running += 1
-        _idle.clear()
-    try:
-        yield
-    finally:
-        with _count_lock:
+class _InteractivePass:
+    """A class rather than a generator: it runs around every interactive pass on the device
+    thread, with the caches cold, where a generator's context manager costs about three times
+    the Python calls, and an Event's set and clear each run a condition's Python."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        global _running
+        with _lock:
+            _running += 1
+
+    def __exit__(self, *exc: object) -> None:
+        global _running
+        with _lock:
             _running -= 1
-            if _running == 0:
-                _idle.set()
+            if _running == 0 and _waiting:
+                _ended.notify_all()
+
+
+_PASS = _InteractivePass()
+
+
+def interactive_pass() -> _InteractivePass:
+    """Mark an interactive forward pass as running while the block runs (any thread)."""
+    return _PASS
 
 
 @contextmanager
@@ -57,9 +70,18 @@ def may_give_way() -> Iterator[None]:
 def give_way() -> None:
     """Between slices of deferrable work: wait while an interactive pass runs (at most
     `GIVE_WAY_S`), if this thread allows it."""
-    if not _idle.is_set() and getattr(_local, "allowed", False):
-        _idle.wait(GIVE_WAY_S)
+    global _waiting
+    if not _running or not getattr(_local, "allowed", False):
+        return
+    with _lock:
+        if not _running:
+            return
+        _waiting += 1
+        try:
+            _ended.wait(GIVE_WAY_S)
+        finally:
+            _waiting -= 1
 
 
 def interactive_running() -> bool:
-    return not _idle.is_set()
+    return _running > 0

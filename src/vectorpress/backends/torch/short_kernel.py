@@ -290,13 +290,20 @@ def float_panels(weight: torch.Tensor) -> torch.Tensor:
     return padded.view(count, PANEL, inner).transpose(1, 2).contiguous()
 
 
-def _aligned(n: int) -> np.ndarray:
-    """Room for `n` float32s from a 64-byte boundary, as torch's allocator places them: from
-    numpy's 16-byte one the kernel's vector loads and stores split cache lines (a 16-token pass
-    2-4% slower, in-process, alternated)."""
+def _aligned(n: int) -> tuple[np.ndarray, int]:
+    """Room for `n` float32s from a 64-byte boundary, as torch's allocator places them, and its
+    address: from numpy's 16-byte one the kernel's vector loads and stores split cache lines
+    (a 16-token pass 2-4% slower, in-process, alternated)."""
     raw = np.empty(n + 15, np.float32)
-    skip = (-raw.ctypes.data % 64) // 4
-    return raw[skip : skip + n]
+    start = _address(raw)
+    skip = (-start % 64) // 4
+    return raw[skip : skip + n], start + 4 * skip
+
+
+def _address(array: np.ndarray) -> int:
+    """Where `array`'s data starts: `array.ctypes.data` without the object that attribute
+    builds in Python for each read."""
+    return int(array.__array_interface__["data"][0])
 
 
 def _tiled(n: int, step: int = TILE_K) -> int:
@@ -413,19 +420,21 @@ class ShortKernel:
         if embedding is None or not rows:
             return None
         # The library reads them as they are: no-ops on a Batch's own arrays.
-        ids, types, positions = (np.ascontiguousarray(a, np.int64) for a in (ids, types, positions))
+        ids = np.ascontiguousarray(ids, np.int64)
+        types = np.ascontiguousarray(types, np.int64)
+        positions = np.ascontiguousarray(positions, np.int64)
         cu = np.ascontiguousarray(cu, np.int32)
-        x = _aligned(rows * self.hidden)
-        if not embedding.write((ids, types, positions), rows, x.ctypes.data):
+        x, at = _aligned(rows * self.hidden)
+        if not embedding.write((ids, types, positions), rows, at):
             return None
         bias = score_bias(self.encoder, longest)
         seqs = len(cu) - 1
-        scratch = _aligned(self._work(rows))
-        self._layers(
-            x.ctypes.data, rows, cu.ctypes.data, seqs, bias, longest, scratch.ctypes.data, threads
-        )
-        out = _aligned(seqs * self.hidden)
-        self.lib.vp_pool(x.ctypes.data, cu.ctypes.data, seqs, self.hidden, first, out.ctypes.data)
+        bounds = _address(cu)
+        room, scratch = _aligned(self._work(rows))
+        self._layers(at, rows, bounds, seqs, bias, longest, scratch, threads)
+        out, into = _aligned(seqs * self.hidden)
+        self.lib.vp_pool(at, bounds, seqs, self.hidden, first, into)
+        del x, room  # the arrays behind the addresses, held until the library is done
         return out.reshape(seqs, self.hidden)
 
     def _work(self, rows: int) -> int:
@@ -500,7 +509,7 @@ class _Embedding:
         """The embeddings of `ids` (contiguous int64 arrays: input ids, token types, positions)
         written at `out`; False (nothing written) where an id is outside its table."""
         return self._write(
-            [ids[i].ctypes.data if i is not None else None for i in self.inputs], rows, out
+            [_address(ids[i]) if i is not None else None for i in self.inputs], rows, out
         )
 
     def _write(self, ids: list[int | None], rows: int, out: int) -> bool:

@@ -130,7 +130,8 @@ class Exchange:
         default headers first, `connection: close` where the connection ends) and finish the
         request; False, having done nothing, where the ASGI `send` must do it: a layer outside
         that wraps `send` (not `bare`: CORS adds its headers there), an answer begun, the client
-        gone, the connection's writes paused for a slow reader, or an access log.
+        gone, the connection's writes paused for a slow reader, a log line uvicorn's `send`
+        would write, or a HEAD request (no body goes out).
 
         `headers` are this server's own, well-formed and lower-case, with a content-length.
         """
@@ -141,6 +142,7 @@ class Exchange:
             or cycle.response_started
             or cycle.disconnected
             or cycle.flow.write_paused
+            or cycle.scope["method"] == "HEAD"
             # uvicorn's `send` writes the access line; at its trace level a layer that wraps
             # `send` logs each ASGI message.
             or (cycle.access_log and cycle.access_logger.isEnabledFor(logging.INFO))

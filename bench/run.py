@@ -589,7 +589,9 @@ def infinity_cmd(model: Path, port: int, engine: str) -> list[str]:
 
 def install_infinity() -> bool:
     script = ROOT / "bench" / "setup_infinity.sh"
-    log("installing Infinity into bench/.venv-infinity (once; may take minutes)")
+    # The script keeps a finished install (its marker file) and returns at once.
+    if not any(INFINITY_VENV.glob(".installed-*")):
+        log("installing Infinity into bench/.venv-infinity (once; may take minutes)")
     done = subprocess.run(["bash", str(script)], check=False)
     return done.returncode == 0
 

@@ -35,6 +35,8 @@ class LanedApp(FastAPI):
         """Paths that take the lane; every path under `/models/` does too (PrefixRouting's
         to rewrite; a non-inference one goes on to FastAPI's router there, as in the stack)."""
         self._lane: ASGIApp | None = None
+        self._telemetry: Any = None
+        """FastAPI's own telemetry (read once, with the stack); None where it has none."""
         self._telemetry_unset: Callable[[], bool] | None = None
 
     @property
@@ -45,7 +47,8 @@ class LanedApp(FastAPI):
     def build_middleware_stack(self) -> ASGIApp:
         stack = super().build_middleware_stack()
         self._lane = self._build_lane(stack)
-        self._telemetry_unset = _providers_unset(getattr(self, "_native_telemetry", None))
+        self._telemetry = getattr(self, "_native_telemetry", None)
+        self._telemetry_unset = _providers_unset(self._telemetry)
         return stack
 
     def _build_lane(self, stack: ASGIApp) -> ASGIApp | None:
@@ -78,7 +81,7 @@ class LanedApp(FastAPI):
             if name == b"origin":
                 return False
         # FastAPI's own OpenTelemetry instrumentation, where a provider is configured.
-        telemetry = getattr(self, "_native_telemetry", None)
+        telemetry = self._telemetry
         if telemetry is None:
             return True
         unset = self._telemetry_unset

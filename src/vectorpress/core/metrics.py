@@ -240,7 +240,7 @@ class Registry:
                 self._histograms.setdefault(name, {}).setdefault(key, _Histogram(buckets))
 
     def inc_many(self, key: Labels, values: Iterable[tuple[str, float]]) -> None:
-        """`inc` of several counters of one label set (folded later)."""
+        """Increments of several counters of one label set (queued, folded later)."""
         self._pending.append((key, tuple(values), None))
         if len(self._pending) >= PENDING_MAX:
             self.fold()

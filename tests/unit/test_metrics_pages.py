@@ -3,6 +3,7 @@ server-wide ones, with TEI's text format unchanged."""
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -97,6 +98,31 @@ def test_records_wait_for_a_fold_and_every_read_sees_them(
     metrics.set("vectorpress_tokens", 1.0)
     metrics.inc("vectorpress_tokens", 5)
     assert metrics.value("vectorpress_tokens") == 6.0  # set applies after what waited before it
+
+
+def test_a_record_of_an_undefined_histogram_fails_no_fold(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    registry = Registry()
+    metrics = Metrics(model="m", registry=registry)
+    for _ in range(2):
+        metrics.observe_many(
+            [("te_request_duration", 0.5), ("no_such_histogram", 1.0), ("te_batch_next_size", 3.0)]
+        )
+        metrics.inc("te_embed_count")
+    with caplog.at_level(logging.ERROR, logger="vectorpress.core.metrics"):
+        page = parse(registry.render())
+        metrics.observe("no_such_histogram", 2.0)
+        metrics.fold_due()
+        registry.fold()
+    # Everything else recorded around it is on the page; the name itself is said once.
+    assert page.get("te_request_duration_count", model="m") == 2
+    assert page.get("te_batch_next_size_sum", model="m") == 6.0
+    assert page.get("te_embed_count", model="m") == 2
+    assert "no_such_histogram" not in registry.render()
+    assert [r.getMessage() for r in caplog.records] == [
+        "no histogram is defined as 'no_such_histogram': its values are dropped"
+    ]
 
 
 def test_records_never_pile_up_past_their_bound(monkeypatch: pytest.MonkeyPatch) -> None:

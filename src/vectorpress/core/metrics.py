@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import logging
 import math
 import threading
 import time
@@ -28,6 +29,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from vectorpress.types import Batch
+
+log = logging.getLogger(__name__)
 
 
 def _duration_buckets() -> tuple[float, ...]:
@@ -197,6 +200,7 @@ PENDING_MAX = 8192
 MAX_KEYS = 256
 
 Buckets = Callable[[str], tuple[float, ...]]
+_NONE: dict[Labels, _Histogram] = {}
 _Record = tuple[Labels, tuple[tuple[str, float], ...], Buckets | None]
 
 
@@ -223,6 +227,7 @@ class Registry:
         self._gauges: dict[str, dict[Labels, Callable[[], float]]] = {}
         # deque: appends and pops from any thread without the lock, none lost to a fold.
         self._pending: deque[_Record] = deque()
+        self._undefined: set[str] = set()
 
     def define(self, metric: MetricDef) -> None:
         self.defs.setdefault(metric.name, metric)
@@ -281,11 +286,26 @@ class Registry:
                     series[key] = series.get(key, 0.0) + value
                 continue
             for name, value in records:
-                hists = histograms.setdefault(name, {})
-                hist = hists.get(key)
+                hist = histograms.get(name, _NONE).get(key)
                 if hist is None:
-                    hist = hists[key] = _Histogram(buckets(name))
+                    hist = self._new_histogram(name, key, buckets)
+                    if hist is None:
+                        continue
                 hist.observe(value)
+
+    def _new_histogram(self, name: str, key: Labels, buckets: Buckets) -> _Histogram | None:
+        """A histogram series made at its first value (lock held). A name nothing defines has
+        no bounds: its values are dropped and said once, so that a fold, run by whichever
+        request or scrape comes next, never fails on another's record."""
+        try:
+            bounds = buckets(name)
+        except KeyError:
+            if name not in self._undefined:
+                self._undefined.add(name)
+                log.error("no histogram is defined as %r: its values are dropped", name)
+            return None
+        hist = self._histograms.setdefault(name, {})[key] = _Histogram(bounds)
+        return hist
 
     def value(self, name: str, key: Labels) -> float:
         read = self._gauges.get(name, {}).get(key)

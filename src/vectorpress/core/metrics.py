@@ -199,6 +199,8 @@ PENDING_MAX = 8192
 #: Label sets a model keeps built (`Metrics._key`); past it they are built on each call.
 MAX_KEYS = 256
 
+#: A histogram's bounds by its name; KeyError for a name nothing defines (`Registry._fold`
+#: then drops that name's values).
 Buckets = Callable[[str], tuple[float, ...]]
 _NONE: dict[Labels, _Histogram] = {}
 _Record = tuple[Labels, tuple[tuple[str, float], ...], Buckets | None]
@@ -304,7 +306,8 @@ class Registry:
                 self._undefined.add(name)
                 log.error("no histogram is defined as %r: its values are dropped", name)
             return None
-        hist = self._histograms.setdefault(name, {})[key] = _Histogram(bounds)
+        hist = _Histogram(bounds)
+        self._histograms.setdefault(name, {})[key] = hist
         return hist
 
     def value(self, name: str, key: Labels) -> float:
